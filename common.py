@@ -1,0 +1,1272 @@
+"""Shared plumbing for the method scripts: flags, data, the training loop, STS evaluation,
+checkpoints, downloads and a speed benchmark.
+
+A method script (simcse.py, focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds the paper:
+its losses, its augmentations, its heads. Everything a reader of a paper does not need to
+see lives here, once:
+
+    parse_args(Args)            dataclass -> command-line flags and --help
+    load_encoder(name)          Hugging Face tokenizer + encoder (SDPA attention)
+    load_columns(path)          a text file (one sentence a line) or a CSV (sent0,sent1[,hard_neg])
+    tokenize(tok, texts, ...)   fast tokenizer once, cached as compact integer arrays
+    train(...)                  AdamW + linear decay + clip, bf16 on CUDA, eval, best checkpoint,
+                                resume, NaN guard, progress bar, metrics.jsonl, DDP
+    gather(x)                   all-gather across GPUs keeping the local gradient (identity on 1)
+    evaluate_sts(encode, dir)   the 7 STS tasks exactly as SimCSE's SentEval computes them
+    save_checkpoint(...)        loads with AutoModel.from_pretrained and SentenceTransformer
+
+Run as a program it evaluates any encoder, downloads the real data, or times a training step:
+
+    python common.py eval --model <hub name or dir> --pooler avg
+    python common.py download
+    python common.py bench --config bert-base-uncased --batch_size 64 --max_len 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from scipy.stats import spearmanr
+
+try:  # tqdm comes with transformers; fall back to plain prints if it is missing
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover
+    tqdm = None
+
+
+class UserError(Exception):
+    """A problem with the user's input (a file, a flag): printed as one clear message."""
+
+
+def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
+    """Call `main(argv)`; turn UserError into `error: ...` on stderr and exit status 2."""
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except torch.cuda.OutOfMemoryError:
+        print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "
+              "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "
+              "loss still sees the whole batch).", file=sys.stderr)
+        sys.exit(3)
+
+
+# =====================================================================================
+# Flags: one @dataclass Args per script becomes argparse flags with help and source
+# =====================================================================================
+
+def arg(default: Any, help: str, source: str = "ours", choices: list | None = None) -> Any:
+    """A dataclass field with its help text and where its default comes from.
+
+    `source` is one of: paper Tab. N / paper Sec. N / paper App. X / official code / ours.
+    """
+    meta = {"help": help, "source": source, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: list(default) if isinstance(default, list) else dict(default),
+                     metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _flag_type(f: dataclasses.Field) -> tuple[type, bool]:
+    """(element type, is_list) for a dataclass field; annotations are strings here."""
+    t = str(f.type).replace("typing.", "").replace(" ", "")
+    is_list = t.startswith("list[")
+    inner = t[5:-1] if is_list else t
+    inner = inner.replace("|None", "").replace("None|", "")
+    return {"int": int, "float": float, "str": str, "bool": bool}.get(inner, str), is_list
+
+
+def build_parser(cls: type, prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(cls):
+        typ, is_list = _flag_type(f)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        helptext = f"{f.metadata.get('help', '')} [{f.metadata.get('source', 'ours')}]"
+        kw: dict[str, Any] = {"help": helptext, "default": argparse.SUPPRESS}
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if typ is bool:
+            kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
+        else:
+            kw["type"] = typ
+            if is_list:
+                kw["nargs"] = "*"
+        # show the real default in --help while still telling which flags were given
+        kw["help"] += f" (default: {default})"
+        p.add_argument(f"--{f.name}", **kw)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    return p
+
+
+def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | None = None,
+               description: str | None = None) -> Any:
+    """Parse flags into `cls` (a dataclass). Flags the user gave always win; `csv_defaults`
+    replace the dataclass defaults when --data is a CSV (the supervised form)."""
+    parser = build_parser(cls, description=description)
+    given = vars(parser.parse_args(argv))
+    args = cls(**given)
+    if csv_defaults and str(getattr(args, "data", "")).lower().endswith(".csv"):
+        for k, v in csv_defaults.items():
+            if k not in given:
+                setattr(args, k, v)
+    return args
+
+
+# =====================================================================================
+# Data: read, check, tokenise once, cache as integer arrays
+# =====================================================================================
+
+DATA_DIR = Path("data")
+UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+WIKI1M = "wiki1m_for_simcse.txt"
+NLI = "nli_for_simcse.csv"
+SENTEVAL = "senteval.tar"
+
+
+def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
+    """One sentence per line, UTF-8. Blank lines are skipped and counted; anything else that
+    is wrong (missing, empty, not UTF-8) stops with the line number and what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file. Pass a text file with one sentence per "
+                        f"line, or run `python common.py download` for SimCSE's wiki1m.")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UserError(f"{flag} {path}: line {line} is not UTF-8 ({e.reason} at byte {e.start}). "
+                        f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
+    lines = text.splitlines()
+    sents = [s.strip() for s in lines]
+    kept = [s for s in sents if s]
+    if not kept:
+        raise UserError(f"{flag} {path}: the file has no sentences (it is empty or blank).")
+    if len(kept) < len(sents):
+        print(f"note: {path}: skipped {len(sents) - len(kept)} blank lines of {len(sents)}",
+              file=sys.stderr)
+    return kept
+
+
+def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
+    """SimCSE's supervised CSV: a header `sent0,sent1[,hard_neg]`, one triplet a row."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file. Pass a CSV with columns sent0,sent1[,hard_neg], "
+                        f"or run `python common.py download` for SimCSE's NLI triplets.")
+    try:
+        rows = list(csv.reader(io.StringIO(path.read_bytes().decode("utf-8"))))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} {path}: not UTF-8 ({e.reason} at byte {e.start}).")
+    if not rows:
+        raise UserError(f"{flag} {path}: the file is empty.")
+    header = [h.strip() for h in rows[0]]
+    if header[:2] != ["sent0", "sent1"] or header[2:] not in ([], ["hard_neg"]):
+        raise UserError(f"{flag} {path}: the header is {','.join(header)!r}; expected "
+                        f"'sent0,sent1' or 'sent0,sent1,hard_neg' (SimCSE's NLI format).")
+    cols: dict[str, list[str]] = {h: [] for h in header}
+    skipped = 0
+    for row in rows[1:]:
+        cells = [c.strip() for c in row]
+        if len(cells) != len(header) or not all(cells):
+            skipped += 1
+            continue
+        for h, c in zip(header, cells):
+            cols[h].append(c)
+    if not cols["sent0"]:
+        raise UserError(f"{flag} {path}: no complete rows under the header.")
+    if skipped:
+        print(f"note: {path}: skipped {skipped} incomplete rows", file=sys.stderr)
+    return cols
+
+
+def load_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
+    """{'text': [...]} for a text file, {'sent0','sent1'[,'hard_neg']} for a CSV."""
+    if str(path).lower().endswith(".csv"):
+        return read_csv_columns(path, flag)
+    return {"text": read_sentences(path, flag)}
+
+
+@dataclass
+class Tokens:
+    """Token ids of n sentences, right-padded to max_len in one compact integer array."""
+    ids: np.ndarray      # (n, max_len) uint16 or int32
+    lengths: np.ndarray  # (n,) int32, tokens per sentence (specials included)
+    pad_id: int
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, idx: np.ndarray, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+        """input_ids and attention_mask for rows `idx`, padded to the longest row of the
+        batch, or to `pad_to` (static shapes for compiled steps)."""
+        width = pad_to or int(self.lengths[idx].max())
+        ids = torch.from_numpy(self.ids[idx, :width].astype(np.int64))      # (B, L)
+        mask = torch.arange(width)[None, :] < torch.from_numpy(self.lengths[idx].astype(np.int64))[:, None]
+        return {"input_ids": ids, "attention_mask": mask.long()}           # (B, L), (B, L)
+
+
+def _tokenizer_key(tokenizer) -> str:
+    vocab = tokenizer.get_vocab()
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    h.update(json.dumps(sorted(vocab.items())[:2000]).encode())
+    h.update(str(len(vocab)).encode())
+    h.update(str(getattr(tokenizer, "do_lower_case", "")).encode())
+    return h.hexdigest()[:16]
+
+
+def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
+             text_pair: list[str] | None = None, desc: str = "tokenizing") -> Tokens:
+    """Tokenise with the fast tokenizer in large chunks (no tokenisation inside the training
+    step) into a (n, max_len) array; cached as .npz keyed by tokenizer, max_len and content."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\n")
+    if text_pair is not None:
+        h.update(b"PAIR")
+        for t in text_pair:
+            h.update(t.encode())
+            h.update(b"\n")
+    key = f"tok-{_tokenizer_key(tokenizer)}-L{max_len}-{h.hexdigest()[:16]}.npz"
+    cache = Path(cache_dir) / key if cache_dir is not None else None
+    if cache is not None and cache.is_file():
+        z = np.load(cache)
+        return Tokens(z["ids"], z["lengths"], int(z["pad_id"]))
+    n = len(texts)
+    dtype = np.uint16 if len(tokenizer) < 65536 else np.int32
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = np.full((n, max_len), pad_id, dtype=dtype)
+    lengths = np.zeros(n, dtype=np.int32)
+    chunk = 20000
+    bar = _progress(total=n, desc=desc, unit="sent", disable=n < 50000)
+    for s in range(0, n, chunk):
+        enc = tokenizer(texts[s:s + chunk], text_pair[s:s + chunk] if text_pair else None,
+                        truncation=True, max_length=max_len, padding=False,
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        for j, row in enumerate(enc):
+            ids[s + j, :len(row)] = row
+            lengths[s + j] = len(row)
+        bar.update(len(enc))
+    bar.close()
+    tok = Tokens(ids, lengths, pad_id)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp.npz")
+            np.savez(tmp, ids=ids, lengths=lengths, pad_id=pad_id)
+            os.replace(tmp, cache)
+        except OSError as e:  # a read-only place only costs a re-tokenisation next time
+            print(f"note: could not cache tokens in {cache.parent}: {e}", file=sys.stderr)
+    return tok
+
+
+def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
+                     max_len: int | None = None) -> dict[str, Tokens]:
+    """Tokenise every column of load_columns() with the encoder's tokenizer (cached)."""
+    cache = default_cache_dir(args.data, getattr(args, "cache_dir", ""))
+    return {k: tokenize(tokenizer, v, max_len or args.max_len, cache, desc=f"tokenizing {k}")
+            for k, v in columns.items()}
+
+
+def concat_batches(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack several {"input_ids", "attention_mask"} batches along rows, padding to the widest,
+    so that they go through the encoder in ONE forward pass."""
+    width = max(b["input_ids"].shape[1] for b in batches)
+    out = {}
+    for k in batches[0]:
+        pad = 0
+        out[k] = torch.cat([F.pad(b[k], (0, width - b[k].shape[1]), value=pad) for b in batches])
+    return out
+
+
+def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
+    """--cache_dir when given, else a .cache folder beside the data when that is writable."""
+    if cache_dir:
+        return Path(cache_dir)
+    folder = Path(data_path).resolve().parent
+    if os.access(folder, os.W_OK):
+        return folder / ".cache"
+    return Path(tempfile.gettempdir()) / "cl-sent-cache"
+
+
+# =====================================================================================
+# Models: encoder loading, poolers
+# =====================================================================================
+
+POOLERS = ["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"]
+
+
+def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
+    """(tokenizer, encoder) from a hub name or a local folder, with SDPA attention.
+    `dropout` overrides hidden and attention dropout (IFCL's rho)."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    try:
+        config = AutoConfig.from_pretrained(name)
+        if dropout is not None:
+            for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+                if hasattr(config, k):
+                    setattr(config, k, dropout)
+        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
+        encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
+                                            dtype=torch.float32)
+    except OSError as e:
+        raise UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local "
+                        f"folder with config.json, weights and tokenizer, or a hub name with the hub "
+                        f"reachable.")
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "
+                        f"needs one.")
+    return tokenizer, encoder
+
+
+class MLP(nn.Module):
+    """SimCSE's MLP over [CLS]: Linear(d, d) + Tanh, the shape of BERT's own pooler."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.dense = nn.Linear(d, d)
+        self.activation = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(x))
+
+
+def pool(out, attention_mask: torch.Tensor, pooler: str, mlp: nn.Module | None = None) -> torch.Tensor:
+    """SimCSE's poolers on a Hugging Face encoder output -> (N, d).
+
+    cls = [CLS] through the MLP; cls_before_pooler = raw last-layer [CLS]; avg = masked mean
+    of the last layer; avg_first_last / avg_top2 need output_hidden_states=True."""
+    m = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)        # (N, L, 1)
+
+    def masked_mean(x):                                                     # (N, L, d) -> (N, d)
+        return (x * m).sum(1) / m.sum(1).clamp(min=1)
+
+    if pooler == "cls_before_pooler":
+        return out.last_hidden_state[:, 0]
+    if pooler == "cls":
+        if mlp is None:
+            raise ValueError("pooler 'cls' needs the MLP")
+        return mlp(out.last_hidden_state[:, 0])
+    if pooler == "avg":
+        return masked_mean(out.last_hidden_state)
+    if pooler == "avg_first_last":
+        return masked_mean((out.hidden_states[1] + out.hidden_states[-1]) / 2)
+    if pooler == "avg_top2":
+        return masked_mean((out.hidden_states[-1] + out.hidden_states[-2]) / 2)
+    raise ValueError(f"unknown pooler {pooler!r}; one of {POOLERS}")
+
+
+def _max_positions(encoder, tokenizer) -> int:
+    n = getattr(encoder.config, "max_position_embeddings", 512)
+    if getattr(encoder.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= 2  # RoBERTa's positions start after the padding index
+    tm = getattr(tokenizer, "model_max_length", n)
+    return int(min(n, tm)) if tm and tm < 10**8 else int(n)
+
+
+def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | None = None,
+                batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
+    """encode(sentences) -> (n, d) float32 numpy, for evaluation: eval mode, no grad, bf16 on
+    CUDA, sorted by length, padded to the longest of each batch, truncated only to the
+    model's maximum positions (never to the training max_len)."""
+    hidden = pooler in ("avg_first_last", "avg_top2")
+
+    @torch.no_grad()
+    def encode(sentences: list[str]) -> np.ndarray:
+        was_training = encoder.training
+        encoder.eval()
+        if mlp is not None:
+            mlp.eval()
+        device = next(encoder.parameters()).device
+        max_len = _max_positions(encoder, tokenizer)
+        enc = tokenizer(list(sentences), truncation=True, max_length=max_len, padding=False,
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        order = np.argsort([len(x) for x in enc], kind="stable")
+        out = [None] * len(sentences)
+        pad = tokenizer.pad_token_id or 0
+        for s in range(0, len(order), batch_size):
+            rows = [enc[i] for i in order[s:s + batch_size]]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, r in enumerate(rows):
+                ids[j, :len(r)] = torch.tensor(r)
+                mask[j, :len(r)] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            with autocast(device):
+                o = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=hidden)
+                z = pool(o, mask, pooler, mlp)                              # (B, d)
+            for j, i in enumerate(order[s:s + batch_size]):
+                out[i] = z[j].float().cpu().numpy()
+        encoder.train(was_training)
+        if mlp is not None:
+            mlp.train(was_training)
+        return np.stack(out) if out else np.zeros((0, encoder.config.hidden_size), np.float32)
+
+    return encode
+
+
+def autocast(device: torch.device | str):
+    """bf16 autocast on CUDA, nothing (fp32) elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# =====================================================================================
+# STS evaluation (../shared/specs/sts_protocol.md), as SimCSE's fork of SentEval does it
+# =====================================================================================
+
+STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+STS_SUBSETS = {
+    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+    "STS13": ["FNWN", "headlines", "OnWN"],
+    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
+    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+}
+STS_PAIR_COUNTS = {  # kept pairs, asserted by tests and by `download`
+    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561],
+    "STS14": [450, 300, 750, 750, 750, 750], "STS15": [375, 750, 375, 750, 750],
+    "STS16": [254, 249, 230, 244, 209],
+    "STSBenchmark": {"train": 5749, "dev": 1500, "test": 1379},
+    "SICKRelatedness": {"train": 4500, "dev": 500, "test": 4927},
+}
+TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
+              "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
+
+
+def _norm(s: str) -> str:
+    # Step 4: whitespace-split and re-join (the files are already tokenised)
+    return " ".join(s.split())
+
+
+def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:
+    """{subset: (sent1 list, sent2 list, gold array)} for one task, parsed per the spec."""
+    d = Path(data_dir)
+    if task in STS_SUBSETS:
+        year = task[3:]
+        out = {}
+        for sub in STS_SUBSETS[task]:
+            folder = d / "STS" / f"STS{year}-en-test"
+            inp, gs = folder / f"STS.input.{sub}.txt", folder / f"STS.gs.{sub}.txt"
+            pairs = [l.split("\t") for l in inp.read_text(encoding="utf-8").splitlines()]
+            gold = gs.read_text(encoding="utf-8").splitlines()
+            if len(pairs) != len(gold) or any(len(p) != 2 for p in pairs):
+                raise UserError(f"{inp}: expected one tab-separated pair per gold line of {gs}")
+            # Step 1: drop the pairs whose gold line is empty
+            keep = [i for i, g in enumerate(gold) if g != ""]
+            out[sub] = ([_norm(pairs[i][0]) for i in keep], [_norm(pairs[i][1]) for i in keep],
+                        np.array([float(gold[i]) for i in keep]))
+        return out
+    if task == "STSBenchmark":
+        path = d / "STS" / "STSBenchmark" / f"sts-{split}.csv"
+        rows = [l.strip().split("\t") for l in path.read_text(encoding="utf-8").splitlines()]
+        # Step 2: gold = column 4, sentences = columns 5 and 6
+        return {split: ([_norm(r[5]) for r in rows], [_norm(r[6]) for r in rows],
+                        np.array([float(r[4]) for r in rows]))}
+    if task == "SICKRelatedness":
+        name = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]
+        rows = [l.strip().split("\t") for l in (d / "SICK" / name).read_text(encoding="utf-8").splitlines()[1:]]
+        # Step 3: skip the header; sentences = columns 1 and 2, gold = column 3
+        return {split: ([_norm(r[1]) for r in rows], [_norm(r[2]) for r in rows],
+                        np.array([float(r[3]) for r in rows]))}
+    raise ValueError(f"unknown STS task {task!r}; one of {STS_TASKS}")
+
+
+def cosine_rows(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Row-wise cosine; a zero vector gives 0, never NaN (step 5)."""
+    u, v = u.astype(np.float64), v.astype(np.float64)
+    nu, nv = np.linalg.norm(u, axis=1), np.linalg.norm(v, axis=1)
+    den = nu * nv
+    return np.where(den > 0, (u * v).sum(1) / np.where(den > 0, den, 1), 0.0)
+
+
+def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
+    r = spearmanr(sims, gold)[0]
+    return 0.0 if np.isnan(r) else float(r) * 100
+
+
+def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
+                 tasks: list[str] | None = None, split: str = "test") -> dict:
+    """Spearman x100 of cosine similarity on the STS tasks, per ../shared/specs/sts_protocol.md.
+
+    split="test": the 7 tasks (STS12-16 report "all": one Spearman over the task's pairs
+    concatenated); split="dev": STS-B dev and SICK-R trial. res["avg"] = mean of the reported
+    figures. Every distinct sentence is encoded once."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "STS").is_dir() or not (data_dir / "SICK").is_dir():
+        raise UserError(f"--sts_dir {data_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
+                        f"Run `python common.py download` to fetch them.")
+    if tasks is None:
+        tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
+    loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
+    uniq = sorted({s for subs in loaded.values() for a, b, _ in subs.values() for s in a + b})
+    emb = encode(uniq)                                                      # (U, d)
+    row = {s: i for i, s in enumerate(uniq)}
+    res: dict[str, Any] = {}
+    for t, subs in loaded.items():
+        sims_all, gold_all, per = [], [], {}
+        for name, (a, b, gold) in subs.items():
+            sims = cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
+            per[name] = {"spearman": _spearman(sims, gold), "n": len(gold)}
+            sims_all.append(sims)
+            gold_all.append(gold)
+        n = sum(p["n"] for p in per.values())
+        r = {"spearman": _spearman(np.concatenate(sims_all), np.concatenate(gold_all)), "n": n}
+        if t in STS_SUBSETS:
+            r["subsets"] = per
+            r["mean"] = float(np.mean([p["spearman"] for p in per.values()]))
+            r["wmean"] = float(sum(p["spearman"] * p["n"] for p in per.values()) / n)
+        res[t] = r
+    res["avg"] = float(np.mean([res[t]["spearman"] for t in tasks]))
+    return res
+
+
+def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
+                         split: str = "dev") -> dict[str, float]:
+    """Wang & Isola (2020) as SimCSE reports them, on STS-B (step 11): alignment = mean
+    ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
+    over all distinct pairs of the split's sentences; f L2-normalised.
+    NOTE(ours): the dev split by default (the split SimCSE tunes on), test by flag."""
+    a, b, gold = load_sts_pairs(data_dir, "STSBenchmark", split)[split]
+    pos = gold > 4
+    sents = sorted(set(a) | set(b))
+    emb = torch.from_numpy(encode(sents)).double()
+    f = F.normalize(emb, dim=-1)                                            # (U, d)
+    row = {s: i for i, s in enumerate(sents)}
+    fa = f[[row[s] for s, p in zip(a, pos) if p]]                           # (P, d)
+    fb = f[[row[s] for s, p in zip(b, pos) if p]]                           # (P, d)
+    align = (fa - fb).norm(dim=1).pow(2).mean()
+    sq = torch.pdist(f).pow(2)                                              # (U(U-1)/2,)
+    unif = sq.mul(-2).exp().mean().log()
+    return {"alignment": float(align), "uniformity": float(unif)}
+
+
+PAPER_SIMCSE_UNSUP_BERT = {"STS12": 68.40, "STS13": 82.41, "STS14": 74.38, "STS15": 80.91,
+                           "STS16": 78.56, "STSBenchmark": 76.85, "SICKRelatedness": 72.23,
+                           "avg": 76.25}
+
+
+def format_sts_table(res: dict, paper: dict | None = None, paper_name: str = "paper") -> str:
+    """The 7-task table, with a row of the paper's numbers beside ours when given."""
+    tasks = [t for t in STS_TASKS if t in res]
+    head = f"{'':14s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"
+    lines = [head, f"{'this run':14s}" + "".join(f"{res[t]['spearman']:8.2f}" for t in tasks)
+             + f"{res['avg']:8.2f}"]
+    if paper:
+        lines.append(f"{paper_name[:14]:14s}" + "".join(
+            f"{paper[t]:8.2f}" if t in paper else f"{'-':>8s}" for t in tasks)
+            + (f"{paper['avg']:8.2f}" if "avg" in paper else f"{'-':>8s}"))
+    lines.append("Spearman x100 of cosine similarity; STS12-16 report 'all' (one correlation over "
+                 "each task's pairs); STS-B and SICK-R on their test sets.")
+    return "\n".join(lines)
+
+
+# =====================================================================================
+# Checkpoints: Hugging Face + sentence-transformers in one folder, written atomically
+# =====================================================================================
+
+ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}
+
+
+def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
+    """A temporary folder beside `final` and a commit() that swaps it into place: a run
+    killed at any moment leaves either the old folder or the new one, never half of one."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+
+    def commit():
+        old = final.with_name(f".{final.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old.exists():
+            shutil.rmtree(old)
+
+    return tmp, commit
+
+
+def recover_dir(final: Path) -> Path:
+    """If a kill fell between the two renames of _atomic_dir, the old folder is still whole."""
+    old = final.with_name(f".{final.name}.old")
+    if not final.exists() and old.exists():
+        os.replace(old, final)
+    return final
+
+
+def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
+                        mlp: nn.Module | None = None, max_seq_length: int | None = None,
+                        extra: dict[str, Any] | None = None) -> None:
+    """Save an encoder so that both AutoModel.from_pretrained(path) and SentenceTransformer(path)
+    load it with no conversion. With the `cls` pooler the MLP goes into BERT's own pooler
+    weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and into a
+    sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
+    path = Path(path)
+    tmp, commit = _atomic_dir(path)
+    model = _unwrap(encoder)
+    if pooler == "cls":
+        if mlp is None:
+            raise ValueError("pooler 'cls' is saved with its MLP")
+        pooler_mod = getattr(model, "pooler", None)
+        if pooler_mod is not None and hasattr(pooler_mod, "dense"):
+            pooler_mod.dense.load_state_dict(_unwrap(mlp).dense.state_dict())
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if pooler not in ST_POOLING:
+        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with "
+              f"AutoModel only", file=sys.stderr)
+    else:
+        d = model.config.hidden_size
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        (tmp / "1_Pooling").mkdir()
+        (tmp / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": d,
+            "pooling_mode_cls_token": ST_POOLING[pooler] == "cls",
+            "pooling_mode_mean_tokens": ST_POOLING[pooler] == "mean",
+            "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False,
+            "include_prompt": True}, indent=2))
+        if pooler == "cls":
+            from safetensors.torch import save_file
+            dense = _unwrap(mlp).dense
+            (tmp / "2_Dense").mkdir()
+            (tmp / "2_Dense" / "config.json").write_text(json.dumps({
+                "in_features": d, "out_features": d, "bias": True,
+                "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
+            save_file({"linear.weight": dense.weight.detach().float().cpu().contiguous(),
+                       "linear.bias": dense.bias.detach().float().cpu().contiguous()},
+                      str(tmp / "2_Dense" / "model.safetensors"))
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense",
+                            "type": "sentence_transformers.models.Dense"})
+        (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
+        (tmp / "sentence_bert_config.json").write_text(json.dumps(
+            {"max_seq_length": max_seq_length or _max_positions(model, tokenizer),
+             "do_lower_case": False}, indent=2))
+    for name, obj in (extra or {}).items():
+        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
+    commit()
+
+
+# =====================================================================================
+# Distributed (torchrun): the contrastive loss sees the global batch
+# =====================================================================================
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without torchrun."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_distributed() -> torch.device:
+    """Start the process group under torchrun (NCCL on CUDA, gloo on CPU) and pick the device."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, x.contiguous())
+        return torch.cat(out, 0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # only the local shard's gradient flows back; each rank computes the same global
+        # loss, so summing (not averaging) over ranks gives the one-process gradient
+        rank, n = dist.get_rank(), dist.get_world_size()
+        return grad.chunk(n, 0)[rank].contiguous()
+
+
+def gather(x: torch.Tensor) -> torch.Tensor:
+    """(n_local, ...) -> (n_local * world, ...): every rank's rows, in rank order, with the
+    gradient kept for this rank's rows. Identity in one process. Gather every tensor a loss
+    uses, so that each rank computes the same global loss."""
+    if world()[1] == 1:
+        return x
+    return _GatherWithGrad.apply(x)
+
+
+# =====================================================================================
+# The training loop
+# =====================================================================================
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def _unwrap(m: nn.Module) -> nn.Module:
+    m = getattr(m, "module", m)          # DDP
+    return getattr(m, "_orig_mod", m)    # torch.compile
+
+
+def _progress(total: int, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
+    if tqdm is None or disable:
+        class _Null:
+            def update(self, *a): pass
+            def set_postfix(self, *a, **k): pass
+            def close(self): pass
+            def write(self, s): print(s)
+        return _Null()
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True,
+                mininterval=1.0, file=sys.stderr)
+
+
+def batch_plan(n: int, batch_size: int, seed: int, epoch: int) -> np.ndarray:
+    """(steps, batch_size) indices for one epoch: a seeded shuffle, last partial batch dropped
+    (NOTE(ours): every step has the full batch of negatives; at most batch_size-1 sentences
+    of an epoch go unused)."""
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(n)
+    steps = n // batch_size
+    return perm[: steps * batch_size].reshape(steps, batch_size)
+
+
+def ensure_data(args: Any) -> None:
+    """Download wiki1m, the NLI triplets or the STS data into data/ on first use, when the
+    flag still points at the default place and the file is not there yet."""
+    if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
+        download(DATA_DIR, what=["sts"])
+    data = Path(getattr(args, "data", ""))
+    if not data.exists() and data in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
+        download(DATA_DIR, what=["wiki1m" if data.name == WIKI1M else "nli"])
+
+
+def start(args: Any) -> torch.device:
+    """What every script does before it loads a model: torchrun's process group, the seed,
+    the data (downloaded on first use), an output folder that loses nothing already written,
+    and the resolved Args beside it."""
+    device = init_distributed()
+    seed_everything(args.seed)
+    rank, _ = world()
+    if rank == 0:
+        ensure_data(args)
+        out = prepare_output_dir(args.output_dir, getattr(args, "resume", False))
+        (out / "args.json").write_text(json.dumps(_args_dict(args), indent=2, default=str))
+    if world()[1] > 1:
+        dist.barrier()
+    return device
+
+
+def check_batch(n: int, batch_size: int, flag_data: str) -> None:
+    if batch_size < 1:
+        raise UserError(f"--batch_size {batch_size}: must be at least 1.")
+    if batch_size > n:
+        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
+                        f"{flag_data}). Lower --batch_size to at most {n} or give more data.")
+
+
+def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
+    """Refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
+    out = Path(output_dir)
+    recover_dir(out / "best")
+    recover_dir(out / "last")
+    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
+        raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
+                        f"choose another --output_dir (or delete the folder) to start afresh.")
+    if resume and not (out / "last" / "state.pt").exists():
+        raise UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
+                        f"--resume to start, or point --output_dir at the earlier run.")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object a line ({"step": ..., "loss": ..., ...}), easy to plot."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _write_state(path: Path, state: dict) -> None:
+    tmp, commit = _atomic_dir(path)
+    torch.save(state, tmp / "state.pt")
+    commit()
+
+
+def _args_dict(args: Any) -> dict:
+    return dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+
+
+def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
+          pooler: str, mlp: nn.Module | None = None, output_dir: str | Path | None = None,
+          paper: dict | None = None, paper_name: str = "paper", log_extra: Callable[[], dict] | None = None,
+          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True,
+          pad_to_max_len: bool | None = None) -> dict:
+    """Train `model` on `data` and keep the best checkpoint of `encoder` by STS-B dev.
+
+    model(batch) -> loss, or (loss, {name: 0-dim tensor}) for extra logged terms, where
+    batch = {column: {"input_ids": (B, L), "attention_mask": (B, L)}} on the device, the rows
+    of every column aligned. `encoder` (+ `mlp` for the `cls` pooler) is what is evaluated
+    and saved, with `pooler`. Shared flags read from args: data, output_dir, max_steps,
+    epochs, batch_size, max_len, lr, seed, eval_every, sts_dir, resume (+ weight_decay,
+    max_grad_norm, log_every, compile when present). `log_extra()` adds evaluation-time
+    figures (e.g. alignment/uniformity); `should_stop(step, loss)` ends training early.
+    Returns {"best_dev": ..., "best_step": ..., "test": evaluate_sts(...) or None}."""
+    out = Path(output_dir or args.output_dir)
+    rank, world_size = world()
+    main_proc = rank == 0
+    device = next(model.parameters()).device
+    n = len(next(iter(data.values())))
+    check_batch(n, args.batch_size, f"--data {getattr(args, 'data', '')}")
+    if args.batch_size % world_size:
+        raise UserError(f"--batch_size {args.batch_size} must divide evenly over {world_size} GPUs.")
+    local_bs = args.batch_size // world_size
+    steps_per_epoch = n // args.batch_size
+    total = steps_per_epoch * args.epochs
+    if args.max_steps and args.max_steps > 0:
+        total = min(total, args.max_steps) if args.epochs else args.max_steps
+    total = max(total, 1)
+    eval_every = max(1, args.eval_every)
+    log_every = getattr(args, "log_every", 10)
+    if pad_to_max_len is None:
+        pad_to_max_len = device.type == "cuda"   # static shapes let compiled steps reuse graphs
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=getattr(args, "weight_decay", 0.0),
+                            fused=device.type == "cuda")
+    # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+    train_model = model
+    if world_size > 1:
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    step_fn = _make_step(train_model, params, opt, sched, device, getattr(args, "max_grad_norm", 1.0),
+                         world_size, compile_=getattr(args, "compile", device.type == "cuda"))
+
+    log = MetricsLog(out / "metrics.jsonl", main_proc)
+    encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
+    step, best, best_step = 0, -float("inf"), 0
+    if getattr(args, "resume", False) and (out / "last" / "state.pt").exists():
+        st = torch.load(out / "last" / "state.pt", map_location=device, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        step, best, best_step = st["step"], st["best"], st["best_step"]
+        torch.set_rng_state(st["rng_cpu"])
+        if device.type == "cuda" and st.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(st["rng_cuda"])
+        if main_proc:
+            print(f"resuming {out} at step {step} (best STS-B dev {best:.2f} at step {best_step})",
+                  file=sys.stderr)
+
+    def evaluate_and_save(step: int) -> None:
+        nonlocal best, best_step
+        rec: dict[str, Any] = {"step": step}
+        if main_proc:
+            dev = evaluate_sts(encode, args.sts_dir, split="dev")
+            rec.update({"stsb_dev": dev["STSBenchmark"]["spearman"],
+                        "sickr_dev": dev["SICKRelatedness"]["spearman"], "avg_dev": dev["avg"]})
+            if log_extra is not None:
+                rec.update(log_extra())
+            if rec["stsb_dev"] > best:
+                best, best_step = rec["stsb_dev"], step
+                save_pretrained_dir(out / "best", encoder, tokenizer, pooler, mlp,
+                                    max_seq_length=None,
+                                    extra={"args.json": _args_dict(args),
+                                           "dev_metrics.json": rec})
+            rec["best_stsb_dev"] = best
+            log.write(rec)
+            _write_state(out / "last", {
+                "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                "step": step, "best": best, "best_step": best_step,
+                "rng_cpu": torch.get_rng_state(),
+                "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
+        if world_size > 1:
+            dist.barrier()
+        return rec
+
+    bar = _progress(total=total, desc=Path(sys.argv[0]).stem or "train", unit="step",
+                    disable=not main_proc, initial=step)
+    bad = torch.zeros((), device=device, dtype=torch.bool)
+    t0, seen, loss_sum, loss_count, stats_sum = time.perf_counter(), 0, torch.zeros((), device=device), 0, {}
+    epoch = step // steps_per_epoch
+    stopped = None
+    while step < total and stopped is None:
+        plan = batch_plan(n, args.batch_size, args.seed, epoch)
+        for b in range(step - epoch * steps_per_epoch, steps_per_epoch):
+            if step >= total:
+                break
+            idx = plan[b, rank * local_bs:(rank + 1) * local_bs]
+            batch = {k: {kk: vv.to(device, non_blocking=True)
+                         for kk, vv in col.batch(idx, args.max_len if pad_to_max_len else None).items()}
+                     for k, col in data.items()}
+            loss, stats = step_fn(batch)
+            step += 1
+            seen += args.batch_size
+            bad |= ~torch.isfinite(loss)
+            loss_sum += loss.detach()
+            loss_count += 1
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0) + v.detach().float()
+            check_now = step % log_every == 0 or step % eval_every == 0 or step == total or should_stop
+            if check_now:
+                if bool(bad):
+                    stopped = "nan"
+                    break
+                mean_loss = float(loss_sum) / loss_count
+                dt = time.perf_counter() - t0
+                rec = {"step": step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
+                       "sent_per_s": seen / dt if dt > 0 else 0.0, "epoch": epoch}
+                rec.update({k: float(v) / loss_count for k, v in stats_sum.items()})
+                if main_proc:
+                    log.write(rec)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{rec['lr']:.2e}",
+                                sent_s=f"{rec['sent_per_s']:.0f}")
+                t0, seen, loss_sum, loss_count, stats_sum = time.perf_counter(), 0, torch.zeros((), device=device), 0, {}
+                if should_stop is not None and should_stop(step, mean_loss):
+                    stopped = "early"
+            bar.update(1)
+            if step % eval_every == 0 or step == total or stopped == "early":
+                r = evaluate_and_save(step)
+                if main_proc and "stsb_dev" in r:
+                    bar.write(f"step {step}: STS-B dev {r['stsb_dev']:.2f}  SICK-R dev "
+                              f"{r['sickr_dev']:.2f}  (best {best:.2f} at step {best_step})")
+            if stopped:
+                break
+        epoch += 1
+    bar.close()
+    if stopped == "nan":
+        msg = (f"the loss became NaN or infinite by step {step}. Training stopped; the best "
+               f"checkpoint so far is kept in {out / 'best'}"
+               f"{'' if best_step else ' (none was saved yet)'}. Try a lower --lr, or check the "
+               f"data for degenerate lines.")
+        raise UserError(msg)
+    if best_step == 0 and main_proc:
+        evaluate_and_save(step)
+    result: dict[str, Any] = {"best_dev": best, "best_step": best_step, "steps": step, "test": None}
+    if final_eval and main_proc:
+        result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name,
+                                      device, mlp_kept=(pooler == "cls"))
+    if world_size > 1:
+        dist.barrier()
+    return result
+
+
+def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
+                 paper_name: str, device: torch.device, mlp_kept: bool = False) -> dict:
+    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
+    beside the paper's numbers and store the results in the checkpoint folder."""
+    from transformers import AutoModel, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(best_dir)
+    enc = AutoModel.from_pretrained(best_dir, attn_implementation="sdpa", dtype=torch.float32).to(device)
+    mlp = None
+    if mlp_kept:  # the MLP was saved as the encoder's own pooler
+        mlp = lambda x: enc.pooler(x.unsqueeze(1))  # noqa: E731  (BertPooler reads token 0)
+    res = evaluate_sts(make_encode(enc, tok, pooler, mlp), sts_dir, split="test")
+    print(format_sts_table(res, paper, paper_name))
+    (best_dir / "test_metrics.json").write_text(json.dumps(res, indent=2))
+    return res
+
+
+def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float,
+               world_size: int, compile_: bool = False) -> Callable[[dict], tuple[torch.Tensor, dict]]:
+    """One training step: forward under autocast, backward, clip, AdamW, scheduler.
+
+    Under DDP each rank computes the same global loss from gathered embeddings and keeps only
+    its own shard's gradient; DDP averages over ranks, so the loss is scaled by the world size
+    to give exactly the one-process gradient."""
+    fwd = model
+    if compile_ and device.type == "cuda":
+        try:
+            fwd = torch.compile(model)
+        except Exception as e:  # pragma: no cover - depends on the platform
+            print(f"note: torch.compile unavailable ({e}); running eager", file=sys.stderr)
+
+    def step(batch):
+        with autocast(device):
+            out = fwd(batch)
+        loss, stats = (out if isinstance(out, tuple) else (out, {}))
+        (loss * world_size).backward()
+        if max_grad_norm and max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach().float(), stats
+
+    return step
+
+
+# =====================================================================================
+# Download: the real data from upstream, proven whole by content before it is kept
+# =====================================================================================
+
+WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
+NLI_HEADER = "sent0,sent1,hard_neg"
+
+
+def _fetch(url: str, dest: Path) -> None:
+    """Stream `url` into `dest` with a progress bar."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
+            size = int(r.headers.get("Content-Length") or 0)
+            bar = _progress(total=size or None, desc=dest.name.split(".part")[0], unit="B")
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+                bar.update(len(chunk))
+            bar.close()
+    except OSError as e:
+        raise UserError(f"could not download {url}: {e}. Check the network, or pass --base_url "
+                        f"to a mirror.")
+
+
+def check_wiki1m(path: Path, expected_lines: int | None = None) -> None:
+    """wiki1m is whole when it has exactly 1,000,000 lines (no checksum could be verified here)."""
+    expected = expected_lines or WIKI1M_LINES
+    with open(path, "rb") as f:
+        lines = sum(1 for _ in f)
+    if lines != expected:
+        raise UserError(f"{path.name}: {lines} lines where {expected} were expected: the download "
+                        f"is incomplete or corrupted. Run `python common.py download` again.")
+
+
+def check_nli(path: Path) -> None:
+    """nli_for_simcse.csv is whole when its header is sent0,sent1,hard_neg and every row parses
+    into three cells."""
+    with open(path, encoding="utf-8", errors="strict", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if ",".join(header) != NLI_HEADER:
+            raise UserError(f"{path.name}: header {','.join(header)!r}, expected {NLI_HEADER!r}: the "
+                            f"download is corrupted. Run `python common.py download` again.")
+        for i, row in enumerate(reader, start=2):
+            if len(row) != 3:
+                raise UserError(f"{path.name}: row {i} has {len(row)} cells, expected 3: the "
+                                f"download is incomplete. Run `python common.py download` again.")
+
+
+def check_sts(folder: Path) -> None:
+    """The STS data are whole when every task parses to the spec's kept pair counts."""
+    for task in STS_TASKS:
+        try:
+            if task in STS_SUBSETS:
+                got = [len(g) for _, _, g in load_sts_pairs(folder, task).values()]
+                want = STS_PAIR_COUNTS[task]
+            else:
+                got = [len(load_sts_pairs(folder, task, s)[s][2]) for s in ("train", "dev", "test")]
+                want = [STS_PAIR_COUNTS[task][s] for s in ("train", "dev", "test")]
+        except (OSError, ValueError, IndexError, UserError) as e:
+            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
+                            f"incomplete or corrupted. Run `python common.py download` again.")
+        if got != want:
+            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {want}: the "
+                            f"download is incomplete or corrupted.")
+
+
+def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[str] | None = None,
+             wiki1m_lines: int | None = None) -> dict[str, Path]:
+    """Fetch wiki1m, the NLI triplets and the STS data under `dest`, skipping what is there.
+    Each file is written to a temporary name and renamed only after its content check passes."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    what = what or ["wiki1m", "nli", "sts"]
+    base = base_url.rstrip("/")
+    got: dict[str, Path] = {}
+    for item in what:
+        if item == "wiki1m" or item == "nli":
+            name, check = (WIKI1M, lambda p: check_wiki1m(p, wiki1m_lines)) if item == "wiki1m" \
+                else (NLI, check_nli)
+            final = dest / name
+            if final.exists():
+                print(f"{final}: present, not fetched again", file=sys.stderr)
+            else:
+                part = dest / f"{name}.part"
+                _fetch(f"{base}/{name}", part)
+                try:
+                    check(part)
+                except UserError:
+                    part.unlink(missing_ok=True)
+                    raise
+                os.replace(part, final)
+            got[item] = final
+        elif item == "sts":
+            final = dest / "sts"
+            if (final / "STS").is_dir() and (final / "SICK").is_dir():
+                print(f"{final}: present, not fetched again", file=sys.stderr)
+            else:
+                with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
+                    tmp = Path(tmp)
+                    tar = tmp / SENTEVAL
+                    _fetch(f"{base}/{SENTEVAL}", tar)
+                    try:
+                        with tarfile.open(tar) as tf:
+                            tf.extractall(tmp / "x", filter="data")
+                    except (tarfile.TarError, EOFError) as e:
+                        raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the "
+                                        f"download is corrupted. Run `python common.py download` again.")
+                    # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
+                    roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
+                    if not roots or not (roots[0].parent / "SICK").is_dir():
+                        raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download "
+                                        f"is corrupted or not SentEval's archive.")
+                    stage = tmp / "sts"
+                    stage.mkdir()
+                    shutil.move(str(roots[0]), stage / "STS")
+                    shutil.move(str(roots[0].parent / "SICK"), stage / "SICK")
+                    check_sts(stage)
+                    if final.exists():
+                        shutil.rmtree(final)
+                    os.replace(stage, final)
+            got[item] = final
+        else:
+            raise UserError(f"--what {item}: unknown; choose from wiki1m, nli, sts.")
+    return got
+
+
+# =====================================================================================
+# Bench: the project's training step against the plain fp32 eager step (issue 7)
+# =====================================================================================
+
+ARCHS = {  # standard architectures, so that no hub access is needed to build a random model
+    "bert-base-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                              num_attention_heads=12, intermediate_size=3072),
+    "bert-large-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                               num_attention_heads=16, intermediate_size=4096),
+    "roberta-base": dict(model_type="roberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
+                         num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,
+                         pad_token_id=1, type_vocab_size=1),
+    "roberta-large": dict(model_type="roberta", vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
+                          num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
+                          pad_token_id=1, type_vocab_size=1),
+    "tiny": dict(model_type="bert", vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, intermediate_size=128),
+}
+
+
+def config_from(name: str):
+    from transformers import AutoConfig
+    if name in ARCHS:
+        kw = dict(ARCHS[name])
+        return AutoConfig.for_model(kw.pop("model_type"), **kw)
+    if Path(name).is_file() or Path(name, "config.json").is_file():
+        return AutoConfig.from_pretrained(name)
+    raise UserError(f"--config {name}: not a known architecture ({', '.join(ARCHS)}) nor a "
+                    f"config.json path.")
+
+
+def forward_flops_per_token(config, seq_len: int) -> float:
+    """2 x non-embedding weights + 4 x layers x seq_len x hidden (issue 7's definition)."""
+    from transformers import AutoModel
+    with torch.device("meta"):
+        m = AutoModel.from_config(config)
+    emb = sum(p.numel() for n, p in m.named_parameters() if "embeddings" in n)
+    non_emb = sum(p.numel() for p in m.parameters()) - emb
+    return 2 * non_emb + 4 * config.num_hidden_layers * seq_len * config.hidden_size
+
+
+# =====================================================================================
+# Command line: eval, download, bench
+# =====================================================================================
+
+@dataclass
+class EvalArgs:
+    model: str = arg("bert-base-uncased", "hub name or local folder of any Hugging Face encoder")
+    pooler: str = arg("cls_before_pooler", "how a sentence vector is read off the encoder",
+                      "SimCSE official code", choices=POOLERS)
+    sts_dir: str = arg("data/sts", "folder with STS/ and SICK/ in SentEval's layout")
+    split: str = arg("test", "test = the 7 tasks; dev = STS-B dev and SICK-R trial", choices=["test", "dev"])
+    tasks: list[str] = arg([], "a subset of tasks (default: all of the split's)")
+    batch_size: int = arg(128, "sentences per forward pass")
+    output: str = arg("", "also write the full result as JSON here")
+
+
+@dataclass
+class DownloadArgs:
+    dest: str = arg("data", "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and sts/")
+    base_url: str = arg(UPSTREAM, "where the files are served (a mirror, or a local server in tests)",
+                        "official code")
+    what: list[str] = arg(["wiki1m", "nli", "sts"], "which of wiki1m, nli, sts to fetch")
+
+
+def cli(argv: list[str]) -> None:
+    cmds = {"eval": cmd_eval, "download": cmd_download, "bench": cmd_bench}
+    if not argv or argv[0] not in cmds:
+        print(__doc__)
+        raise UserError(f"choose a command: {', '.join(cmds)} (e.g. `python common.py eval --help`)")
+    cmds[argv[0]](argv[1:])
+
+
+def cmd_eval(argv: list[str]) -> None:
+    a = parse_args(EvalArgs, argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok, enc = load_encoder(a.model)
+    enc.to(device)
+    mlp = None
+    if a.pooler == "cls":
+        if getattr(enc, "pooler", None) is None:
+            raise UserError(f"--pooler cls: {a.model} has no pooler layer; use cls_before_pooler.")
+        mlp = lambda x: enc.pooler(x.unsqueeze(1))  # noqa: E731
+    t = time.perf_counter()
+    res = evaluate_sts(make_encode(enc, tok, a.pooler, mlp, a.batch_size), a.sts_dir,
+                       tasks=a.tasks or None, split=a.split)
+    if a.split == "test" and not a.tasks:
+        print(format_sts_table(res))
+    else:
+        for k, v in res.items():
+            if k != "avg":
+                print(f"{k:16s} {v['spearman']:.2f}  (n={v['n']})")
+        print(f"{'avg':16s} {res['avg']:.2f}")
+    print(f"({a.model}, pooler {a.pooler}, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
+    if a.output:
+        Path(a.output).write_text(json.dumps(res, indent=2))
+
+
+def cmd_download(argv: list[str]) -> None:
+    a = parse_args(DownloadArgs, argv)
+    for k, p in download(a.dest, a.base_url, a.what).items():
+        print(f"{k}: {p}")
+
+
+def cmd_bench(argv: list[str]) -> None:
+    raise UserError("bench is not built yet")
+
+
+if __name__ == "__main__":
+    run_main(cli)

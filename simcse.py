@@ -1,0 +1,148 @@
+"""SimCSE: Simple Contrastive Learning of Sentence Embeddings.
+
+Tianyu Gao, Xingcheng Yao, Danqi Chen. EMNLP 2021. arXiv:2104.08821. BibTeX key: gao2021simcse.
+
+The baseline every other script in this repository is read against:
+  - unsupervised: each sentence is encoded twice; dropout alone makes the two views differ,
+    and the other sentences of the batch are the negatives (Eq. 4);
+  - supervised: an NLI entailment is the positive, its contradiction a hard negative (Eq. 5);
+  - [CLS] through an MLP in training; unsupervised evaluation uses the raw [CLS].
+
+Run:
+  python simcse.py                                   # bert-base-uncased on wiki1m (downloaded on first use)
+  python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
+  python simcse.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
+      --sts_dir ../shared/data/sts --output_dir runs/minilm   # the small real testbed (README)
+  python simcse.py --tau 0.1                         # an ablation is a flag
+
+Measured numbers: README.md, "Results" (the MiniLM testbed; the bert-base recipe prints the
+paper's numbers beside yours at the end of a run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+from common import arg
+
+
+# =====================================================================================
+# Hyperparameters (unsupervised BERT-base unless the data is a CSV)
+# =====================================================================================
+
+@dataclass
+class Args:
+    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised) or a CSV "
+                    "sent0,sent1[,hard_neg] (supervised)", "paper Sec. 3")
+    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper Sec. 3")
+    output_dir: str = arg("runs/simcse", "run folder: args.json, metrics.jsonl, best/, last/")
+    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
+    epochs: int = arg(1, "passes over the data", "paper App. A")
+    batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "paper App. A")
+    max_len: int = arg(32, "tokens per training sentence", "paper App. A")
+    lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper App. A")
+    seed: int = arg(42, "seed for python, numpy and torch", "official code")
+    eval_every: int = arg(125, "steps between STS-B dev evaluations", "paper App. A")
+    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
+    tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1")
+    pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (unsup) or [CLS]+MLP (sup)",
+                      "official code", choices=["cls", "cls_before_pooler"])
+    weight_decay: float = arg(0.0, "AdamW weight decay", "official code")
+    max_grad_norm: float = arg(1.0, "gradient-norm clip", "official code")
+    log_every: int = arg(10, "steps between metrics.jsonl lines")
+    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
+    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+
+# Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win.
+SUP_DEFAULTS = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls",
+                "output_dir": "runs/simcse-sup"}
+
+# Paper Tab. 5, BERT-base; printed beside this run's numbers at the end.
+PAPER = {"unsup": common.PAPER_SIMCSE_UNSUP_BERT,
+         "sup": {"STS12": 75.30, "STS13": 84.67, "STS14": 80.19, "STS15": 85.40, "STS16": 80.82,
+                 "STSBenchmark": 84.25, "SICKRelatedness": 80.39, "avg": 81.57}}
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the losses
+# =====================================================================================
+
+def simcse_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float) -> torch.Tensor:
+    """Unsupervised SimCSE, Eq. (4): row i is the anchor h_i, column j the second view h_j^+."""
+    # sim(h_i, h_j^+) = cos(h_i, h_j^+) for every pair of the batch
+    sim = F.normalize(h, dim=-1) @ F.normalize(h_pos, dim=-1).T               # (N, N)
+    # Eq. (4): l_i = -log e^{sim(h_i, h_i^+)/tau} / sum_j e^{sim(h_i, h_j^+)/tau}
+    labels = torch.arange(h.shape[0], device=h.device)                        # (N,)
+    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+
+
+def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
+                    tau: float) -> torch.Tensor:
+    """Supervised SimCSE, Eq. (5): the hard negatives h_j^- are extra columns."""
+    h, h_pos, h_neg = (F.normalize(x, dim=-1) for x in (h, h_pos, h_neg))
+    sim = torch.cat([h @ h_pos.T, h @ h_neg.T], dim=1)                        # (N, 2N)
+    # Eq. (5): l_i = -log e^{sim(h_i,h_i^+)/tau} / sum_j (e^{sim(h_i,h_j^+)/tau} + e^{sim(h_i,h_j^-)/tau})
+    labels = torch.arange(h.shape[0], device=h.device)                        # (N,)
+    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the model (encoder + MLP over [CLS])
+# =====================================================================================
+
+class SimCSE(nn.Module):
+    def __init__(self, encoder: nn.Module, tau: float, supervised: bool):
+        super().__init__()
+        self.encoder, self.tau, self.supervised = encoder, tau, supervised
+        # MLP over [CLS] (Linear + Tanh), freshly initialised; BERT's NSP pooler is not used
+        self.mlp = common.MLP(encoder.config.hidden_size)
+
+    def embed(self, ids: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self.encoder(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
+        return self.mlp(out.last_hidden_state[:, 0])                          # (B, d)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        if not self.supervised:
+            x = batch["text"]                                                 # (N, L)
+            n = x["input_ids"].shape[0]
+            # the same sentences twice in ONE forward pass: two independent dropout masks
+            z = self.embed(common.concat_batches([x, x]))                     # (2N, d)
+            h, h_pos = z[:n], z[n:]                                           # (N, d), (N, d)
+            return simcse_loss(common.gather(h), common.gather(h_pos), self.tau)
+        cols = [batch["sent0"], batch["sent1"]] + ([batch["hard_neg"]] if "hard_neg" in batch else [])
+        n = cols[0]["input_ids"].shape[0]
+        z = self.embed(common.concat_batches(cols))                           # (2N or 3N, d)
+        h, h_pos = common.gather(z[:n]), common.gather(z[n:2 * n])            # (N, d), (N, d)
+        if len(cols) == 2:  # pairs without hard negatives: Eq. (4) with NLI positives
+            return simcse_loss(h, h_pos, self.tau)
+        return simcse_sup_loss(h, h_pos, common.gather(z[2 * n:]), self.tau)
+
+
+# =====================================================================================
+# Plumbing: everything below calls common.py
+# =====================================================================================
+
+def main(argv: list[str] | None = None) -> dict:
+    args = common.parse_args(Args, argv, csv_defaults=SUP_DEFAULTS, description=__doc__)
+    device = common.start(args)                  # torchrun, seed, data download, output folder
+    columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
+    supervised = "sent0" in columns
+    common.check_batch(len(next(iter(columns.values()))), args.batch_size, f"--data {args.data}")
+    tokenizer, encoder = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tokenizer, columns)
+    model = SimCSE(encoder, args.tau, supervised).to(device)
+    return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler,
+                        mlp=model.mlp if args.pooler == "cls" else None,
+                        paper=PAPER["sup" if supervised else "unsup"],
+                        paper_name="SimCSE paper")
+
+
+if __name__ == "__main__":
+    common.run_main(main)

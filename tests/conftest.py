@@ -1,0 +1,83 @@
+"""Shared fixtures: the ../shared folder, tiny locally built BERT models, a temporary cache.
+
+Nothing here reaches the Hugging Face hub: tiny models are built from a config and a small
+WordPiece vocabulary trained on local text. Under CI (CI=true) a test that needs ../shared
+fails instead of skipping when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def need_shared(*parts: str) -> Path:
+    """The path under ../shared; skip when it is missing, but fail under CI."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        msg = f"{p} is missing (../shared beside the repository)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return p
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    return need_shared()
+
+
+@pytest.fixture(scope="session")
+def sts_dir() -> Path:
+    return need_shared("data", "sts")
+
+
+@pytest.fixture(scope="session")
+def wiki_head() -> Path:
+    return need_shared("data", "wiki1m_head.txt")
+
+
+def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hidden: int = 32,
+                    layers: int = 2, heads: int = 2, seed: int = 0, lowercase: bool = True) -> Path:
+    """A tiny BERT (random weights) with a WordPiece vocabulary trained on `corpus`, saved as
+    a folder that AutoModel / AutoTokenizer load like a hub model."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wp = BertWordPieceTokenizer(lowercase=lowercase)
+    wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
+    wp.save_model(str(folder))
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    # transformers 5 can silently fall back to a 5-token vocabulary: check the size
+    assert len(tok) == vocab_size, f"tiny tokenizer has {len(tok)} tokens, expected {vocab_size}"
+    tok.save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=2 * hidden,
+                     max_position_embeddings=256)
+    BertModel(cfg).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, wiki_head) -> Path:
+    """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from wiki1m_head."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), [wiki_head])
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> Path:
+    """Token caches go here, never into ../shared."""
+    return tmp_path / "cache"
