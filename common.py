@@ -357,6 +357,16 @@ class MLP(nn.Module):
         return self.activation(self.dense(x))
 
 
+def mlp_from_pooler(encoder: nn.Module, name: str | Path = "") -> MLP:
+    """The `cls` pooler of a saved model: BERT's own pooler layer (dense + tanh) as an MLP."""
+    dense = getattr(getattr(encoder, "pooler", None), "dense", None)
+    if dense is None:
+        raise UserError(f"--pooler cls: {name} has no pooler layer; use cls_before_pooler.")
+    mlp = MLP(encoder.config.hidden_size).to(dense.weight.device)
+    mlp.dense = dense
+    return mlp
+
+
 def pool(out, attention_mask: torch.Tensor, pooler: str, mlp: nn.Module | None = None) -> torch.Tensor:
     """SimCSE's poolers on a Hugging Face encoder output -> (N, d).
 
@@ -996,9 +1006,7 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
     from transformers import AutoModel, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(best_dir)
     enc = AutoModel.from_pretrained(best_dir, attn_implementation="sdpa", dtype=torch.float32).to(device)
-    mlp = None
-    if mlp_kept:  # the MLP was saved as the encoder's own pooler
-        mlp = lambda x: enc.pooler(x.unsqueeze(1))  # noqa: E731  (BertPooler reads token 0)
+    mlp = mlp_from_pooler(enc, best_dir) if mlp_kept else None  # saved as the encoder's pooler
     res = evaluate_sts(make_encode(enc, tok, pooler, mlp), sts_dir, split="test")
     print(format_sts_table(res, paper, paper_name))
     (best_dir / "test_metrics.json").write_text(json.dumps(res, indent=2))
@@ -1057,28 +1065,28 @@ def _fetch(url: str, dest: Path) -> None:
                         f"to a mirror.")
 
 
-def check_wiki1m(path: Path, expected_lines: int | None = None) -> None:
+def check_wiki1m(path: Path, expected_lines: int | None = None, name: str = WIKI1M) -> None:
     """wiki1m is whole when it has exactly 1,000,000 lines (no checksum could be verified here)."""
     expected = expected_lines or WIKI1M_LINES
     with open(path, "rb") as f:
         lines = sum(1 for _ in f)
     if lines != expected:
-        raise UserError(f"{path.name}: {lines} lines where {expected} were expected: the download "
+        raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
                         f"is incomplete or corrupted. Run `python common.py download` again.")
 
 
-def check_nli(path: Path) -> None:
+def check_nli(path: Path, name: str = NLI) -> None:
     """nli_for_simcse.csv is whole when its header is sent0,sent1,hard_neg and every row parses
     into three cells."""
     with open(path, encoding="utf-8", errors="strict", newline="") as f:
         reader = csv.reader(f)
         header = next(reader, [])
         if ",".join(header) != NLI_HEADER:
-            raise UserError(f"{path.name}: header {','.join(header)!r}, expected {NLI_HEADER!r}: the "
+            raise UserError(f"{name}: header {','.join(header)!r}, expected {NLI_HEADER!r}: the "
                             f"download is corrupted. Run `python common.py download` again.")
         for i, row in enumerate(reader, start=2):
             if len(row) != 3:
-                raise UserError(f"{path.name}: row {i} has {len(row)} cells, expected 3: the "
+                raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the "
                                 f"download is incomplete. Run `python common.py download` again.")
 
 
@@ -1238,11 +1246,7 @@ def cmd_eval(argv: list[str]) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok, enc = load_encoder(a.model)
     enc.to(device)
-    mlp = None
-    if a.pooler == "cls":
-        if getattr(enc, "pooler", None) is None:
-            raise UserError(f"--pooler cls: {a.model} has no pooler layer; use cls_before_pooler.")
-        mlp = lambda x: enc.pooler(x.unsqueeze(1))  # noqa: E731
+    mlp = mlp_from_pooler(enc, a.model) if a.pooler == "cls" else None
     t = time.perf_counter()
     res = evaluate_sts(make_encode(enc, tok, a.pooler, mlp, a.batch_size), a.sts_dir,
                        tasks=a.tasks or None, split=a.split)

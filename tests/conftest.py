@@ -53,13 +53,13 @@ def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hi
     a folder that AutoModel / AutoTokenizer load like a hub model."""
     import torch
     from tokenizers import BertWordPieceTokenizer
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     wp = BertWordPieceTokenizer(lowercase=lowercase)
     wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
     wp.save_model(str(folder))
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=lowercase)
     # transformers 5 can silently fall back to a 5-token vocabulary: check the size
     assert len(tok) == vocab_size, f"tiny tokenizer has {len(tok)} tokens, expected {vocab_size}"
     tok.save_pretrained(str(folder))

@@ -1,0 +1,421 @@
+"""common.py: flags, data checks, the token cache, the STS evaluator, checkpoints, downloads."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import io
+import json
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import common
+from common import UserError, arg
+from conftest import need_shared
+
+# ------------------------------------------------------------------ flags
+
+
+@dataclasses.dataclass
+class _Args:
+    data: str = arg("x.txt", "data file")
+    batch_size: int = arg(64, "batch", "paper Tab. 1")
+    lr: float = arg(3e-5, "lr", "official code")
+    phi: list[float] = arg([0.01, 0.02], "values")
+    flag: bool = arg(False, "a switch")
+    on: bool = arg(True, "on by default")
+
+
+def test_parse_args_types_lists_bools_and_csv_defaults():
+    a = common.parse_args(_Args, ["--phi", "0.1", "0.2", "0.3", "--flag", "--no-on"])
+    assert a.phi == [0.1, 0.2, 0.3] and a.flag is True and a.on is False
+    assert a.batch_size == 64 and isinstance(a.lr, float)
+    csv_def = {"batch_size": 512, "lr": 5e-5}
+    b = common.parse_args(_Args, ["--data", "nli.csv"], csv_defaults=csv_def)
+    assert (b.batch_size, b.lr) == (512, 5e-5)
+    # a flag the user gave wins over the CSV default
+    c = common.parse_args(_Args, ["--data", "nli.csv", "--batch_size", "8"], csv_defaults=csv_def)
+    assert (c.batch_size, c.lr) == (8, 5e-5)
+    d = common.parse_args(_Args, ["--data", "x.txt"], csv_defaults=csv_def)
+    assert d.batch_size == 64
+
+
+def test_help_shows_text_and_source(capsys):
+    with pytest.raises(SystemExit):
+        common.parse_args(_Args, ["--help"])
+    out = capsys.readouterr().out
+    assert "--batch_size" in out and "[paper Tab. 1]" in out and "[official code]" in out
+
+
+def test_unknown_flag_is_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        common.parse_args(_Args, ["--bogus", "1"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ data
+
+
+def test_read_sentences_errors(tmp_path, capsys):
+    with pytest.raises(UserError, match="no such file"):
+        common.read_sentences(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(UserError, match="no sentences"):
+        common.read_sentences(tmp_path / "empty.txt")
+    (tmp_path / "blank.txt").write_text("\n  \n\n")
+    with pytest.raises(UserError, match="no sentences"):
+        common.read_sentences(tmp_path / "blank.txt")
+    (tmp_path / "latin.txt").write_bytes("ok line\nna\xefve caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"line 2 is not UTF-8"):
+        common.read_sentences(tmp_path / "latin.txt")
+    (tmp_path / "gaps.txt").write_text("a b\n\nc d\n   \ne f\n")
+    assert common.read_sentences(tmp_path / "gaps.txt") == ["a b", "c d", "e f"]
+    assert "skipped 2 blank lines of 5" in capsys.readouterr().err
+
+
+def test_read_csv_columns(tmp_path):
+    p = tmp_path / "nli.csv"
+    p.write_text('sent0,sent1,hard_neg\n"a, b",c,d\ne,f,\ng,h,i\n')
+    cols = common.load_columns(p)
+    assert cols == {"sent0": ["a, b", "g"], "sent1": ["c", "h"], "hard_neg": ["d", "i"]}
+    p.write_text("premise,hypothesis\nx,y\n")
+    with pytest.raises(UserError, match="header"):
+        common.load_columns(p)
+
+
+def test_tokenize_pads_counts_and_caches(tiny_bert, tmp_path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    texts = ["the cat sat on the mat .", "a", "one two three four five six seven eight nine ten"]
+    t = common.tokenize(tok, texts, 8, tmp_path)
+    ref = tok(texts, truncation=True, max_length=8)["input_ids"]
+    assert t.ids.shape == (3, 8) and t.ids.dtype == np.uint16
+    for i, r in enumerate(ref):
+        assert t.lengths[i] == len(r) and t.ids[i, :len(r)].tolist() == r
+        assert (t.ids[i, len(r):] == tok.pad_token_id).all()
+    b = t.batch(np.array([1, 0]))
+    assert b["input_ids"].shape == (2, max(len(ref[0]), len(ref[1])))
+    assert b["attention_mask"].sum(1).tolist() == [len(ref[1]), len(ref[0])]
+    assert t.batch(np.array([1]), pad_to=8)["input_ids"].shape == (1, 8)
+    files = list(tmp_path.glob("tok-*.npz"))
+    assert len(files) == 1
+    t2 = common.tokenize(tok, texts, 8, tmp_path)   # served from the cache
+    assert np.array_equal(t2.ids, t.ids) and len(list(tmp_path.glob("tok-*.npz"))) == 1
+    common.tokenize(tok, texts, 6, tmp_path)         # another max_len is another key
+    common.tokenize(tok, texts[:2], 8, tmp_path)     # other content is another key
+    assert len(list(tmp_path.glob("tok-*.npz"))) == 3
+
+
+def test_batch_plan_and_batch_size_checks():
+    p0, p1 = common.batch_plan(10, 3, seed=1, epoch=0), common.batch_plan(10, 3, seed=1, epoch=1)
+    assert p0.shape == (3, 3) and len(set(p0.ravel())) == 9
+    assert not np.array_equal(p0, p1)
+    assert np.array_equal(p0, common.batch_plan(10, 3, seed=1, epoch=0))
+    with pytest.raises(UserError, match="larger than the data"):
+        common.check_batch(5, 8, "--data x.txt")
+
+
+def test_concat_batches_pads_to_widest():
+    a = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    b = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    c = common.concat_batches([a, b])
+    assert c["input_ids"].shape == (4, 5) and c["attention_mask"][:2, 3:].sum() == 0
+
+
+# ------------------------------------------------------------------ STS evaluator
+
+
+def _write_fixture(root: Path) -> dict:
+    """A tiny SentEval layout. Every sentence is 'w<k> ...' and encodes to a vector whose cosine
+    with its partner we choose, so the expected Spearman is computed independently."""
+    sts = root / "STS"
+    gold_by_task = {}
+    for task, subs in common.STS_SUBSETS.items():
+        folder = sts / f"STS{task[3:]}-en-test"
+        folder.mkdir(parents=True)
+        gold_by_task[task] = {}
+        for si, sub in enumerate(subs):
+            rng = np.random.default_rng(hash((task, sub)) % 2**32)
+            n = 6 + si
+            gold = [f"{g:.1f}" for g in rng.uniform(0, 5, n)]
+            gold[1] = ""  # an unannotated pair: dropped
+            lines = [f"{task} {sub}  a{i}\t{task} {sub} b{i} " for i in range(n)]
+            (folder / f"STS.input.{sub}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            (folder / f"STS.gs.{sub}.txt").write_text("\n".join(gold) + "\n", encoding="utf-8")
+            gold_by_task[task][sub] = gold
+    (sts / "STSBenchmark").mkdir()
+    for split, n in (("train", 4), ("dev", 5), ("test", 7)):
+        rows = [f"g\tsrc\tyr\t{i:04d}\t{(i * 7) % 5 + 0.5}\tstsb {split} a{i}\tstsb {split} b{i}\textra"
+                for i in range(n)]
+        (sts / "STSBenchmark" / f"sts-{split}.csv").write_text("\n".join(rows) + "\n")
+    (root / "SICK").mkdir()
+    for name, n in (("SICK_train.txt", 3), ("SICK_trial.txt", 4), ("SICK_test_annotated.txt", 6)):
+        rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+        rows += [f"{i}\tsick {name} a{i}\tsick {name} b{i}\t{1 + (i * 3) % 4}.5\tNEUTRAL" for i in range(n)]
+        (root / "SICK" / name).write_text("\n".join(rows) + "\n")
+    return gold_by_task
+
+
+def _angle(s: str) -> float:
+    """A deterministic pseudo-random angle for a pair key."""
+    return (sum(map(ord, s)) * 0.37) % 1.5
+
+
+def _fixture_encode(sentences):
+    """a<i> -> (1, 0); b<i> -> (cos t, sin t) with t from the pair's key, so cos = cos t.
+    Sentences whose key ends in 'a0' of SICK trial encode to zero (similarity 0, not NaN)."""
+    out = []
+    for s in sentences:
+        assert "  " not in s and s == s.strip(), "sentences are whitespace-normalised"
+        *key, last = s.split()
+        if last.startswith("a"):
+            out.append([0.0, 0.0] if s == "sick SICK_trial.txt a0" else [1.0, 0.0])
+        else:
+            t = _angle(" ".join(key) + " " + last[1:])
+            out.append([np.cos(t), np.sin(t)])
+    return np.array(out)
+
+
+def test_evaluator_on_synthetic_fixture(tmp_path):
+    gold = _write_fixture(tmp_path)
+    res = common.evaluate_sts(_fixture_encode, tmp_path)
+    for task, subs in common.STS_SUBSETS.items():
+        sims_all, gold_all, per = [], [], []
+        for sub in subs:
+            g = gold[task][sub]
+            keep = [i for i, x in enumerate(g) if x != ""]
+            sims = [np.cos(_angle(f"{task} {sub} {i}")) for i in keep]
+            gs = [float(g[i]) for i in keep]
+            r = spearmanr(sims, gs)[0] * 100
+            assert res[task]["subsets"][sub]["spearman"] == pytest.approx(r)
+            assert res[task]["subsets"][sub]["n"] == len(keep)
+            per.append((r, len(keep)))
+            sims_all += sims
+            gold_all += gs
+        assert res[task]["spearman"] == pytest.approx(spearmanr(sims_all, gold_all)[0] * 100)
+        assert res[task]["mean"] == pytest.approx(np.mean([r for r, _ in per]))
+        assert res[task]["wmean"] == pytest.approx(sum(r * n for r, n in per) / sum(n for _, n in per))
+        assert res[task]["n"] == len(gold_all)
+    # STS-B test: gold column 4, sentences 5 and 6, the trailing column ignored
+    sims = [np.cos(_angle(f"stsb test {i}")) for i in range(7)]
+    gs = [(i * 7) % 5 + 0.5 for i in range(7)]
+    assert res["STSBenchmark"]["spearman"] == pytest.approx(spearmanr(sims, gs)[0] * 100)
+    assert res["STSBenchmark"]["n"] == 7 and res["SICKRelatedness"]["n"] == 6
+    assert res["avg"] == pytest.approx(np.mean([res[t]["spearman"] for t in common.STS_TASKS]))
+    dev = common.evaluate_sts(_fixture_encode, tmp_path, split="dev")
+    assert set(dev) == {"STSBenchmark", "SICKRelatedness", "avg"}
+    assert dev["STSBenchmark"]["n"] == 5 and dev["SICKRelatedness"]["n"] == 4
+    # the zero vector of SICK trial pair 0 gives similarity 0, not NaN
+    sims = [0.0] + [np.cos(_angle(f"sick SICK_trial.txt {i}")) for i in range(1, 4)]
+    gs = [1 + (i * 3) % 4 + 0.5 for i in range(4)]
+    assert dev["SICKRelatedness"]["spearman"] == pytest.approx(spearmanr(sims, gs)[0] * 100)
+
+
+def test_cosine_rows_zero_vector():
+    u = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    v = np.array([[1.0, 0.0], [0.0, 0.0], [2.0, 2.0]])
+    assert common.cosine_rows(u, v).tolist() == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_evaluator_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="STS/ and SICK/"):
+        common.evaluate_sts(_fixture_encode, tmp_path / "nope")
+
+
+def test_real_sts_pair_counts(sts_dir):
+    counts = json.loads((sts_dir / "kept_pair_counts.json").read_text())
+    for task in common.STS_SUBSETS:
+        subs = common.load_sts_pairs(sts_dir, task)
+        assert [len(g) for _, _, g in subs.values()] == common.STS_PAIR_COUNTS[task]
+        assert {k: len(v[2]) for k, v in subs.items()} == {k: v for k, v in counts[task].items() if k != "TOTAL"}
+        assert sum(len(g) for _, _, g in subs.values()) == counts[task]["TOTAL"]
+    for task in ("STSBenchmark", "SICKRelatedness"):
+        for split in ("train", "dev", "test"):
+            assert len(common.load_sts_pairs(sts_dir, task, split)[split][2]) == counts[task][split]
+    common.check_sts(sts_dir)
+
+
+def test_alignment_uniformity_definition(tmp_path):
+    _write_fixture(tmp_path)
+    rng = np.random.default_rng(0)
+    table = {}
+
+    def enc(sents):
+        return np.stack([table.setdefault(s, rng.normal(size=4)) for s in sents])
+
+    r = common.alignment_uniformity(enc, tmp_path, split="test")
+    a, b, gold = common.load_sts_pairs(tmp_path, "STSBenchmark", "test")["test"]
+    f = {s: v / np.linalg.norm(v) for s, v in table.items()}
+    align = np.mean([np.sum((f[x] - f[y]) ** 2) for x, y, g in zip(a, b, gold) if g > 4])
+    sents = sorted(set(a) | set(b))
+    d = [np.sum((f[x] - f[y]) ** 2) for i, x in enumerate(sents) for y in sents[i + 1:]]
+    assert r["alignment"] == pytest.approx(align)
+    assert r["uniformity"] == pytest.approx(np.log(np.mean(np.exp(-2 * np.array(d)))))
+
+
+def test_minilm_avg_matches_mteb(sts_dir):
+    """An external check: all-MiniLM-L6-v2 with avg pooling against its MTEB figures."""
+    model = need_shared("models", "all-MiniLM-L6-v2")
+    tok, enc = common.load_encoder(str(model))
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark"]
+    res = common.evaluate_sts(common.make_encode(enc, tok, "avg"), sts_dir, tasks=tasks)
+    mteb = {"STS12": 72.37, "STS13": 80.60, "STS14": 75.59, "STS15": 85.39, "STS16": 78.99,
+            "STSBenchmark": 82.03}
+    for t, v in mteb.items():
+        assert abs(res[t]["spearman"] - v) < 0.05, (t, res[t]["spearman"], v)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_atomic_dir_keeps_old_until_commit_and_recovers(tmp_path):
+    final = tmp_path / "best"
+    final.mkdir()
+    (final / "v").write_text("old")
+    tmp, commit = common._atomic_dir(final)
+    (tmp / "v").write_text("new")
+    assert (final / "v").read_text() == "old"     # a kill here leaves the old folder whole
+    commit()
+    assert (final / "v").read_text() == "new" and not list(tmp_path.glob(".best*"))
+    # a kill between the two renames: only .best.old is there; recover_dir restores it
+    final.rename(tmp_path / ".best.old")
+    assert (common.recover_dir(final) / "v").read_text() == "new"
+
+
+def test_output_dir_guard(tmp_path):
+    out = tmp_path / "run"
+    common.prepare_output_dir(out, resume=False)
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match="already holds a run"):
+        common.prepare_output_dir(out, resume=False)
+    with pytest.raises(UserError, match="no checkpoint to resume"):
+        common.prepare_output_dir(out, resume=True)
+
+
+@pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "cls"])
+def test_checkpoint_loads_in_automodel_and_sentence_transformers(tiny_bert, tmp_path, pooler):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+    tok, enc = common.load_encoder(str(tiny_bert))
+    torch.manual_seed(0)
+    mlp = common.MLP(enc.config.hidden_size) if pooler == "cls" else None
+    common.save_pretrained_dir(tmp_path / "ckpt", enc, tok, pooler, mlp, extra={"x.json": {"a": 1}})
+    sents = ["the cat sat on the mat .", "a short one", "yet another sentence , longer than the rest ."]
+    ours = common.make_encode(enc, tok, pooler, mlp)(sents)
+    back = AutoModel.from_pretrained(tmp_path / "ckpt")
+    tok2 = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    if pooler == "cls":   # the MLP is BERT's own pooler in the saved model
+        b = tok2(sents, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            po = back(**b).pooler_output.numpy()
+        assert np.allclose(po, ours, atol=1e-5)
+    st = SentenceTransformer(str(tmp_path / "ckpt"), device="cpu")
+    assert np.allclose(st.encode(sents, convert_to_numpy=True), ours, atol=1e-5)
+    assert json.loads((tmp_path / "ckpt" / "x.json").read_text()) == {"a": 1}
+
+
+# ------------------------------------------------------------------ download
+
+
+class _Server:
+    """A static HTTP server on 127.0.0.1 that counts requests per path."""
+
+    def __init__(self, root: Path):
+        counts: dict[str, int] = {}
+
+        class H(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **k):
+                super().__init__(*a, directory=str(root), **k)
+
+            def do_GET(self):
+                counts[self.path] = counts.get(self.path, 0) + 1
+                super().do_GET()
+
+            def log_message(self, *a):
+                pass
+
+        self.counts = counts
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *a):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _senteval_tar(dest: Path, sts_dir: Path, drop: str | None = None) -> None:
+    """SentEval's archive layout (downstream/STS, downstream/SICK), optionally with a file left out."""
+    with tarfile.open(dest, "w") as tf:
+        for sub in ("STS", "SICK"):
+            for p in sorted((sts_dir / sub).rglob("*")):
+                if p.is_file() and (drop is None or p.name != drop):
+                    tf.add(p, arcname=f"downstream/{p.relative_to(sts_dir)}")
+
+
+def test_download_checks_content_and_skips_present(tmp_path, sts_dir, capsys):
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / common.WIKI1M).write_text("".join(f"sentence {i}\n" for i in range(50)))
+    (srv_root / common.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n\"d, e\",f,g\n")
+    _senteval_tar(srv_root / common.SENTEVAL, sts_dir)
+    dest = tmp_path / "data"
+    with _Server(srv_root) as srv:
+        got = common.download(dest, srv.url, wiki1m_lines=50)
+        assert (dest / common.WIKI1M).read_text().count("\n") == 50
+        assert (dest / common.NLI).exists()
+        common.check_sts(got["sts"])
+        assert sorted(p.name for p in dest.iterdir()) == sorted([common.WIKI1M, common.NLI, "sts"])
+        before = dict(srv.counts)
+        common.download(dest, srv.url, wiki1m_lines=50)      # everything present: no request
+        assert srv.counts == before
+        assert "present, not fetched again" in capsys.readouterr().err
+
+
+def test_download_rejects_corrupt_files(tmp_path, sts_dir):
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / common.WIKI1M).write_text("".join(f"s {i}\n" for i in range(49)))  # truncated
+    (srv_root / common.NLI).write_text("premise,hypothesis\na,b\n")
+    _senteval_tar(srv_root / common.SENTEVAL, sts_dir, drop="STS.gs.FNWN.txt")
+    dest = tmp_path / "data"
+    with _Server(srv_root) as srv:
+        with pytest.raises(UserError, match=r"wiki1m_for_simcse.txt: 49 lines where 50"):
+            common.download(dest, srv.url, what=["wiki1m"], wiki1m_lines=50)
+        with pytest.raises(UserError, match="header"):
+            common.download(dest, srv.url, what=["nli"])
+        with pytest.raises(UserError, match="STS13 cannot be read"):
+            common.download(dest, srv.url, what=["sts"])
+        with pytest.raises(UserError, match="could not download"):
+            common.download(dest, srv.url + "/nothing-here", what=["nli"])
+    # nothing that looks finished was left behind
+    assert not (dest / common.WIKI1M).exists() and not (dest / common.NLI).exists()
+    assert not (dest / "sts").exists() and not list(dest.glob("*.part"))
+
+
+def test_download_cli_rejects_short_wiki1m(tmp_path):
+    """The command line, with the real expected count: a short file is refused."""
+    import subprocess
+    import sys
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / common.WIKI1M).write_text("only\nthree\nlines\n")
+    with _Server(srv_root) as srv:
+        r = subprocess.run([sys.executable, str(Path(common.__file__)), "download", "--dest",
+                            str(tmp_path / "d"), "--base_url", srv.url, "--what", "wiki1m"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "3 lines where 1000000 were expected" in r.stderr
+    assert not (tmp_path / "d" / common.WIKI1M).exists()
