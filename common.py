@@ -101,8 +101,7 @@ def _flag_type(f: dataclasses.Field) -> tuple[type, bool]:
 
 
 def build_parser(cls: type, prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog, description=description, usage="%(prog)s [options]")
     for f in dataclasses.fields(cls):
         typ, is_list = _flag_type(f)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -264,7 +263,7 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
     ids = np.full((n, max_len), pad_id, dtype=dtype)
     lengths = np.zeros(n, dtype=np.int32)
     chunk = 20000
-    bar = _progress(total=n, desc=desc, unit="sent", disable=n < 50000)
+    bar = progress(total=n, desc=desc, unit="sent", disable=n < 50000)
     for s in range(0, n, chunk):
         enc = tokenizer(texts[s:s + chunk], text_pair[s:s + chunk] if text_pair else None,
                         truncation=True, max_length=max_len, padding=False,
@@ -726,6 +725,15 @@ class _GatherWithGrad(torch.autograd.Function):
         return grad.chunk(n, 0)[rank].contiguous()
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP over `model`. Encoders carry weights some methods never use (BERT's pooler in
+    unsupervised SimCSE), so DDP is told to look for unused parameters: otherwise the
+    gradient bucket holding them is never reduced and the ranks silently drift apart."""
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=True)
+
+
 def gather(x: torch.Tensor) -> torch.Tensor:
     """(n_local, ...) -> (n_local * world, ...): every rank's rows, in rank order, with the
     gradient kept for this rank's rows. Identity in one process. Gather every tensor a loss
@@ -751,7 +759,7 @@ def _unwrap(m: nn.Module) -> nn.Module:
     return getattr(m, "_orig_mod", m)    # torch.compile
 
 
-def _progress(total: int, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
+def progress(total: int, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
     if tqdm is None or disable:
         class _Null:
             def update(self, *a): pass
@@ -797,6 +805,15 @@ def start(args: Any) -> torch.device:
     if world()[1] > 1:
         dist.barrier()
     return device
+
+
+def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
+                 device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
+    """The rows `idx` of every column, as tensors on the device (pinned for an async copy)."""
+    pin = device.type == "cuda"
+    return {k: {kk: (vv.pin_memory() if pin else vv).to(device, non_blocking=True)
+                for kk, vv in col.batch(idx, pad_to).items()}
+            for k, col in data.items()}
 
 
 def check_batch(n: int, batch_size: int, flag_data: str) -> None:
@@ -878,17 +895,17 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     if pad_to_max_len is None:
         pad_to_max_len = device.type == "cuda"   # static shapes let compiled steps reuse graphs
 
+    enc_pooler = getattr(_unwrap(encoder), "pooler", None)
+    if enc_pooler is not None:  # BERT's NSP pooler is in no loss (the `cls` MLP is saved into it)
+        enc_pooler.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=getattr(args, "weight_decay", 0.0),
                             fused=device.type == "cuda")
     # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
-    train_model = model
-    if world_size > 1:
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+    train_model = wrap_ddp(model, device) if world_size > 1 else model
     step_fn = _make_step(train_model, params, opt, sched, device, getattr(args, "max_grad_norm", 1.0),
-                         world_size, compile_=getattr(args, "compile", device.type == "cuda"))
+                         world_size, compile_=getattr(args, "compile", True))
 
     log = MetricsLog(out / "metrics.jsonl", main_proc)
     encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
@@ -932,7 +949,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
             dist.barrier()
         return rec
 
-    bar = _progress(total=total, desc=Path(sys.argv[0]).stem or "train", unit="step",
+    bar = progress(total=total, desc=Path(sys.argv[0]).stem or "train", unit="step",
                     disable=not main_proc, initial=step)
     bad = torch.zeros((), device=device, dtype=torch.bool)
     t0, seen, loss_sum, loss_count, stats_sum = time.perf_counter(), 0, torch.zeros((), device=device), 0, {}
@@ -944,9 +961,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
             if step >= total:
                 break
             idx = plan[b, rank * local_bs:(rank + 1) * local_bs]
-            batch = {k: {kk: vv.to(device, non_blocking=True)
-                         for kk, vv in col.batch(idx, args.max_len if pad_to_max_len else None).items()}
-                     for k, col in data.items()}
+            batch = device_batch(data, idx, args.max_len if pad_to_max_len else None, device)
             loss, stats = step_fn(batch)
             step += 1
             seen += args.batch_size
@@ -1014,30 +1029,54 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
 
 
 def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float,
-               world_size: int, compile_: bool = False) -> Callable[[dict], tuple[torch.Tensor, dict]]:
+               world_size: int, compile_: bool | str = False) -> Callable[[dict], tuple[torch.Tensor, dict]]:
     """One training step: forward under autocast, backward, clip, AdamW, scheduler.
+
+    On CUDA with compile_ the forward and backward are compiled by torch.compile with CUDA
+    graphs ("reduce-overhead": the whole fwd+bwd replays as one graph launch, which is what a
+    small-batch step needs to stop waiting on Python) over static shapes (every batch padded to
+    --max_len). compile_="cpu" compiles on the CPU too (tests, with the aot_eager backend).
+    If compilation fails, the step says so once and runs eager.
 
     Under DDP each rank computes the same global loss from gathered embeddings and keeps only
     its own shard's gradient; DDP averages over ranks, so the loss is scaled by the world size
-    to give exactly the one-process gradient."""
+    to give exactly the one-process gradient. Nothing here waits on the GPU."""
     fwd = model
-    if compile_ and device.type == "cuda":
-        try:
-            fwd = torch.compile(model)
-        except Exception as e:  # pragma: no cover - depends on the platform
-            print(f"note: torch.compile unavailable ({e}); running eager", file=sys.stderr)
+    cuda = device.type == "cuda"
+    if compile_ and (cuda or compile_ == "cpu"):
+        mode = "reduce-overhead" if cuda and world_size == 1 else None
+        fwd = torch.compile(model, mode=mode, backend="inductor" if cuda else "aot_eager")
+    state = {"fwd": fwd, "compiled": fwd is not model}
 
-    def step(batch):
+    def forward_backward(batch):
+        if state["compiled"] and cuda:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(device):
-            out = fwd(batch)
+            out = state["fwd"](batch)
         loss, stats = (out if isinstance(out, tuple) else (out, {}))
         (loss * world_size).backward()
+        return loss, stats
+
+    def step(batch):
+        try:
+            loss, stats = forward_backward(batch)
+        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a platform where the compiler cannot run: fall back to eager
+            if not state["compiled"]:
+                raise
+            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
+            state["fwd"], state["compiled"] = model, False
+            opt.zero_grad(set_to_none=True)
+            loss, stats = forward_backward(batch)
         if max_grad_norm and max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach().float(), stats
+        # clone: CUDA-graph outputs are overwritten by the next replay
+        return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
 
     return step
 
@@ -1055,7 +1094,7 @@ def _fetch(url: str, dest: Path) -> None:
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
             size = int(r.headers.get("Content-Length") or 0)
-            bar = _progress(total=size or None, desc=dest.name.split(".part")[0], unit="B")
+            bar = progress(total=size or None, desc=dest.name.split(".part")[0], unit="B")
             while chunk := r.read(1 << 20):
                 f.write(chunk)
                 bar.update(len(chunk))
@@ -1204,8 +1243,8 @@ def forward_flops_per_token(config, seq_len: int) -> float:
     from transformers import AutoModel
     with torch.device("meta"):
         m = AutoModel.from_config(config)
-    emb = sum(p.numel() for n, p in m.named_parameters() if "embeddings" in n)
-    non_emb = sum(p.numel() for p in m.parameters()) - emb
+    # the pooler reads one token a sentence, so it is left out with the embeddings
+    non_emb = sum(p.numel() for n, p in m.named_parameters() if "embeddings" not in n and "pooler" not in n)
     return 2 * non_emb + 4 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
@@ -1268,8 +1307,104 @@ def cmd_download(argv: list[str]) -> None:
         print(f"{k}: {p}")
 
 
+@dataclass
+class BenchArgs:
+    config: str = arg("bert-base-uncased", f"architecture ({', '.join(ARCHS)}) or a config.json path; "
+                      "weights are random (same cost as real ones)")
+    batch_size: int = arg(64, "sentences per step (each encoded twice: SimCSE's step)", "paper App. A")
+    max_len: int = arg(32, "tokens per sentence (every sentence padded to it)", "paper App. A")
+    steps: int = arg(50, "timed steps per variant")
+    warmup: int = arg(15, "untimed steps first (compilation, CUDA-graph capture)")
+    baseline: bool = arg(True, "also time the plain fp32 eager step (official SimCSE without --fp16)")
+    compile: bool = arg(True, "compile the project's step (CUDA only)")
+    sts_dir: str = arg("", "if given, also time one evaluation of the 7 STS tasks")
+    tokenizer: str = arg("", "tokenizer folder for the STS timing (bert-base-uncased's vocabulary: "
+                         "any uncased BERT tokenizer)")
+    seed: int = arg(0, "seed")
+
+
+H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM: the MFU denominator of issue 7
+
+
+def _plain_fp32_step(model: nn.Module, params: list, opt, sched, max_grad_norm: float = 1.0):
+    """The reference step: fp32, eager attention, no fusion (the official code without --fp16)."""
+    def step(batch):
+        loss = model(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach(), {}
+    return step
+
+
 def cmd_bench(argv: list[str]) -> None:
-    raise UserError("bench is not built yet")
+    """Time the project's training step and the plain fp32 eager step in one run."""
+    from transformers import AutoModel
+    from simcse import SimCSE  # the real model of the real script
+    a = parse_args(BenchArgs, argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = config_from(a.config)
+    n = a.batch_size * (a.steps + a.warmup)
+    rng = np.random.default_rng(a.seed)
+    ids = rng.integers(1000 if cfg.vocab_size > 2000 else 5, cfg.vocab_size, size=(n, a.max_len))
+    data = {"text": Tokens(ids.astype(np.int32), np.full(n, a.max_len, np.int32), 0)}
+    plan = batch_plan(n, a.batch_size, a.seed, 0)
+    tokens = 2 * a.batch_size * a.max_len                        # the batch is encoded twice
+    flops = 3 * forward_flops_per_token(cfg, a.max_len) * tokens
+    print(f"{a.config}: batch {a.batch_size} x2, max_len {a.max_len}, {flops / 1e12:.2f} TFLOP/step "
+          f"(3 x forward), device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+
+    def run(name: str, fast: bool) -> float:
+        torch.manual_seed(a.seed)
+        enc = AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager")
+        model = SimCSE(enc, 0.05, supervised=False).to(device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        total = a.steps + a.warmup
+        opt = torch.optim.AdamW(params, lr=3e-5, fused=fast and device.type == "cuda")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+        step = (_make_step(model, params, opt, sched, device, 1.0, 1, a.compile) if fast
+                else _plain_fp32_step(model, params, opt, sched))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for i in range(total):
+            if i == a.warmup:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                warm, t0 = time.perf_counter() - t0, time.perf_counter()
+            loss, _ = step(device_batch(data, plan[i], a.max_len, device))  # next batch included
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) / a.steps * 1e3
+        mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+        print(f"{name:28s} {ms:8.2f} ms/step  {a.batch_size / ms * 1e3:9.0f} sent/s  "
+              f"MFU {flops / (ms / 1e3) / H100_BF16_PEAK * 100:5.1f}%  peak {mem:5.2f} GiB  "
+              f"(warm-up {warm:.1f}s, last loss {float(loss):.3f})")
+        del model, opt, step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return ms
+
+    fast_ms = run("project step" + (" (bf16, compiled)" if device.type == "cuda" else ""), True)
+    if a.baseline:
+        base_ms = run("plain fp32 eager step", False)
+        print(f"speed-up over the plain fp32 eager step: {base_ms / fast_ms:.2f}x")
+    print(f"one epoch of 1M sentences at this speed: {1e6 / a.batch_size * fast_ms / 1e3 / 60:.1f} min "
+          f"of training time")
+    if a.sts_dir:
+        from transformers import AutoTokenizer
+        name = a.tokenizer or (a.config if Path(a.config).is_dir() else "")
+        tok = AutoTokenizer.from_pretrained(name) if name else None
+        if tok is None:
+            print("(STS timing needs a tokenizer: pass --tokenizer)")
+        else:
+            enc = AutoModel.from_config(cfg, attn_implementation="sdpa").to(device)
+            t = time.perf_counter()
+            evaluate_sts(make_encode(enc, tok, "cls_before_pooler"), a.sts_dir)
+            print(f"7 STS tasks evaluated in {time.perf_counter() - t:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,256 @@
+"""Focal-InfoNCE (focal_infonce.py): Eq. (2) against a per-row loop, its gradients against
+Eq. (5) and the corrected Eq. (4), the reduction to SimCSE's InfoNCE, and a tiny CPU run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import focal_infonce as fi
+
+
+# -------------------------------------------------------------------------------------
+# References written straight from the paper, one row at a time, in float64
+# -------------------------------------------------------------------------------------
+
+def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b) / (float(a.norm()) * float(b.norm()))
+
+
+def eq2_rows(s: list[list[float]], tau: float, m: float) -> list[float]:
+    """l_i = -log e^{(s_p^i)^2/tau} / (sum_{j!=i} e^{s_n^{ij}(s_n^{ij}+m)/tau} + e^{(s_p^i)^2/tau})."""
+    out = []
+    for i in range(len(s)):
+        num = math.exp(s[i][i] ** 2 / tau)
+        z = num + sum(math.exp(s[i][j] * (s[i][j] + m) / tau) for j in range(len(s)) if j != i)
+        out.append(-math.log(num / z))
+    return out
+
+
+def sim_rows(h: torch.Tensor, h_pos: torch.Tensor) -> list[list[float]]:
+    """s[i][j] = cos(h_i, h_j^+): anchors in rows, second views in columns."""
+    return [[cos(h[i], h_pos[j]) for j in range(len(h_pos))] for i in range(len(h))]
+
+
+def z_row(s: list[list[float]], i: int, tau: float, m: float) -> float:
+    return math.exp(s[i][i] ** 2 / tau) + sum(
+        math.exp(s[i][j] * (s[i][j] + m) / tau) for j in range(len(s)) if j != i)
+
+
+def grad_eq5(s, i, tau, m) -> float:
+    """Eq. (5): dL/ds_p^i = (2/tau) (e^{(s_p^i)^2/tau} / Z_i - 1) s_p^i."""
+    return 2 / tau * (math.exp(s[i][i] ** 2 / tau) / z_row(s, i, tau, m) - 1) * s[i][i]
+
+
+def grad_eq4_corrected(s, i, j, tau, m) -> float:
+    """Eq. (4) as corrected in ../shared/specs/methods.md:
+    dL/ds_n^{ij} = ((2 s_n^{ij} + m)/tau) e^{s_n^{ij}(s_n^{ij}+m)/tau} / Z_i."""
+    return (2 * s[i][j] + m) / tau * math.exp(s[i][j] * (s[i][j] + m) / tau) / z_row(s, i, tau, m)
+
+
+def grad_eq4_printed(s, i, tau, m) -> float:
+    """Eq. (4) as printed: sum_{j!=i} (2/tau) e^{s_n^{ij}(s_n^{ij}+m)/tau} / Z_i (s_n^{ij} + m)."""
+    return sum(2 / tau * math.exp(s[i][j] * (s[i][j] + m) / tau) / z_row(s, i, tau, m) * (s[i][j] + m)
+               for j in range(len(s)) if j != i)
+
+
+def autograd_of_sum(s: torch.Tensor, tau: float, m: float, fn=fi.focal_infonce_from_cos) -> torch.Tensor:
+    """dL/ds for the paper's L = sum_i l_i (Eq. 3) = N x the batch mean."""
+    s = s.clone().requires_grad_(True)
+    (fn(s, tau, m) * s.shape[0]).backward()
+    return s.grad
+
+
+def random_cos(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, n, generator=g, dtype=torch.float64) * 2 - 1       # (N, N) in [-1, 1)
+
+
+# -------------------------------------------------------------------------------------
+# Eq. (2)
+# -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,d,tau,m", [(7, 5, 0.07, 0.3), (16, 8, 0.05, 0.2), (3, 4, 0.5, 0.0),
+                                       (5, 3, 0.1, -0.2)])
+def test_loss_matches_per_row_loop(n, d, tau, m):
+    g = torch.Generator().manual_seed(n * 100 + d)
+    # unnormalised views, so a missing F.normalize would show
+    h = torch.randn(n, d, generator=g, dtype=torch.float64) * 3              # (N, d)
+    h_pos = h + 0.8 * torch.randn(n, d, generator=g, dtype=torch.float64)    # (N, d)
+    got = fi.focal_infonce_loss(h, h_pos, tau, m)
+    assert got.dim() == 0
+    want = float(np.mean(eq2_rows(sim_rows(h, h_pos), tau, m)))
+    assert float(got) == pytest.approx(want, rel=1e-10, abs=1e-10)
+    # orientation: rows are anchors h_i, columns second views h_j^+ (not the transpose)
+    transposed = float(np.mean(eq2_rows(sim_rows(h_pos, h), tau, m)))
+    assert abs(transposed - want) > 1e-6
+
+
+def test_loss_ties_and_batch_of_one():
+    tau, m = 0.07, 0.3
+    # every vector the same: all similarities tie at 1
+    h = torch.ones(4, 6, dtype=torch.float64)                                # (4, d)
+    want = -math.log(math.exp(1 / tau) / (math.exp(1 / tau) + 3 * math.exp((1 + m) / tau)))
+    assert float(fi.focal_infonce_loss(h, h, tau, m)) == pytest.approx(want, rel=1e-10)
+    # ties between negatives of one row
+    s = torch.tensor([[0.9, 0.2, 0.2], [0.5, 0.8, 0.5], [-0.1, -0.1, 0.7]], dtype=torch.float64)
+    want = float(np.mean(eq2_rows(s.tolist(), tau, m)))
+    assert float(fi.focal_infonce_from_cos(s, tau, m)) == pytest.approx(want, rel=1e-10)
+    # a batch of one: no negatives, the positive is the whole denominator, l = 0
+    h1 = torch.randn(1, 6, dtype=torch.float64)
+    assert float(fi.focal_infonce_loss(h1, h1 + 0.3, tau, m)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_low_precision_input_is_computed_in_fp32():
+    s = random_cos(8, 3)
+    got = fi.focal_infonce_from_cos(s.to(torch.bfloat16), 0.07, 0.3)
+    assert got.dtype == torch.float32
+    want = float(np.mean(eq2_rows(s.to(torch.bfloat16).double().tolist(), 0.07, 0.3)))
+    assert float(got) == pytest.approx(want, rel=1e-5)
+
+
+# -------------------------------------------------------------------------------------
+# Gradients: Eq. (5) as printed, Eq. (4) as corrected
+# -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,tau,m,seed", [(6, 0.07, 0.3, 0), (9, 0.05, 0.2, 1), (4, 0.5, 0.0, 2)])
+def test_gradients_match_eq5_and_corrected_eq4(n, tau, m, seed):
+    s = random_cos(n, seed)
+    grad = autograd_of_sum(s, tau, m)                                        # (N, N)
+    rows = s.tolist()
+    for i in range(n):
+        assert float(grad[i, i]) == pytest.approx(grad_eq5(rows, i, tau, m), rel=1e-9, abs=1e-12)
+        for j in range(n):
+            if j != i:
+                assert float(grad[i, j]) == pytest.approx(grad_eq4_corrected(rows, i, j, tau, m),
+                                                          rel=1e-9, abs=1e-12)
+
+
+def test_printed_eq4_is_not_the_derivative():
+    """The erratum is real: Eq. (4) as printed disagrees with autograd (and with the sum of
+    the corrected per-pair derivatives) whenever m != 0."""
+    tau, m = 0.07, 0.3
+    s = random_cos(5, 7)
+    grad = autograd_of_sum(s, tau, m)                                        # (N, N)
+    rows = s.tolist()
+    for i in range(5):
+        row_sum = float(grad[i].sum() - grad[i, i])
+        assert abs(grad_eq4_printed(rows, i, tau, m) - row_sum) > 1e-3
+
+
+def test_modulation_factors_are_not_detached():
+    """A detached factor (a plausible bug) gives s_p/tau, not 2 s_p/tau, in the gradient:
+    the Eq. (5) check above would catch it; so does this direct comparison."""
+    tau, m = 0.07, 0.3
+
+    def detached(s, tau, m):
+        pos = torch.eye(s.shape[0], dtype=torch.bool)
+        logits = s * torch.where(pos, s, s + m).detach() / tau
+        return F.cross_entropy(logits, torch.arange(s.shape[0]))
+
+    s = random_cos(6, 11)
+    ours, bug = autograd_of_sum(s, tau, m), autograd_of_sum(s, tau, m, detached)
+    # same loss value, different gradient
+    assert float(fi.focal_infonce_from_cos(s, tau, m)) == pytest.approx(float(detached(s, tau, m)))
+    assert not torch.allclose(ours, bug, atol=1e-6)
+
+
+def test_batch_of_one_gradient_is_zero():
+    s = torch.tensor([[0.6]], dtype=torch.float64)
+    grad = autograd_of_sum(s, 0.07, 0.3)
+    assert float(grad[0, 0]) == pytest.approx(grad_eq5(s.tolist(), 0, 0.07, 0.3), abs=1e-12)
+    assert float(grad[0, 0]) == pytest.approx(0.0, abs=1e-12)
+
+
+# -------------------------------------------------------------------------------------
+# Reduction: modulate=False is unsupervised SimCSE's InfoNCE
+# -------------------------------------------------------------------------------------
+
+def simcse_infonce(h: torch.Tensor, h_pos: torch.Tensor, tau: float) -> torch.Tensor:
+    """SimCSE Eq. (4), written out: l_i = -log e^{cos(h_i,h_i^+)/tau} / sum_j e^{cos(h_i,h_j^+)/tau}."""
+    s = F.cosine_similarity(h[:, None, :], h_pos[None, :, :], dim=-1)        # (N, N)
+    return (torch.logsumexp(s / tau, dim=1) - s.diagonal() / tau).mean()
+
+
+@pytest.mark.parametrize("m", [0.0, 0.3, 0.9])
+def test_no_modulation_is_simcse(m):
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(10, 7, generator=g, dtype=torch.float64)                 # (N, d)
+    h_pos = torch.randn(10, 7, generator=g, dtype=torch.float64)             # (N, d)
+    got = fi.focal_infonce_loss(h, h_pos, 0.05, m, modulate=False)
+    assert float(got) == pytest.approx(float(simcse_infonce(h, h_pos, 0.05)), rel=1e-10)
+    # and the modulation does change it
+    assert abs(float(fi.focal_infonce_loss(h, h_pos, 0.05, m)) - float(got)) > 1e-3
+
+
+# -------------------------------------------------------------------------------------
+# Logged statistics and flags
+# -------------------------------------------------------------------------------------
+
+def test_similarity_stats():
+    s = torch.tensor([[0.9, 0.8, 0.1], [0.75, 0.7, -0.4], [0.2, 0.5, 0.8]])
+    st = fi.similarity_stats(s, m=0.3)
+    assert float(st["s_p"]) == pytest.approx((0.9 + 0.7 + 0.8) / 3)
+    assert float(st["s_n"]) == pytest.approx((0.8 + 0.1 + 0.75 - 0.4 + 0.2 + 0.5) / 6)
+    assert float(st["hard_frac"]) == pytest.approx(2 / 6)    # 0.8 and 0.75 exceed 1 - m = 0.7
+    one = fi.similarity_stats(torch.tensor([[0.5]]), m=0.3)
+    assert all(torch.isfinite(v) for v in one.values())
+
+
+def test_defaults_and_sources():
+    a = common.parse_args(fi.Args, [])
+    assert (a.tau, a.m, a.lr, a.batch_size, a.modulate) == (0.07, 0.3, 3e-5, 64, True)
+    src = {f.name: f.metadata["source"] for f in dataclasses.fields(fi.Args)}
+    assert (src["tau"], src["lr"], src["batch_size"]) == ("paper Tab. 4", "paper Tab. 1", "paper Tab. 1")
+    assert common.parse_args(fi.Args, ["--no-modulate", "--m", "0.2"]).modulate is False
+
+
+def test_bad_input_errors(tmp_path, sts_dir):
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("sent0,sent1\na,b\n")
+    with pytest.raises(common.UserError, match=r"--data .*pairs\.csv.*simcse\.py"):
+        fi.main(["--data", str(csv), "--output_dir", str(tmp_path / "r1"), "--sts_dir", str(sts_dir)])
+    with pytest.raises(common.UserError, match="--tau"):
+        fi.main(["--tau", "0", "--output_dir", str(tmp_path / "r2"), "--sts_dir", str(sts_dir)])
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+# -------------------------------------------------------------------------------------
+# End to end on CPU: a tiny BERT, a few steps
+# -------------------------------------------------------------------------------------
+
+def test_end_to_end_tiny(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    run = tmp_path / "run"
+    res = fi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+                   "--output_dir", str(run), "--max_steps", "4", "--eval_every", "2",
+                   "--batch_size", "8", "--cache_dir", str(cache_dir)])
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if "stsb_dev" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:  # paper Tab. 3: alignment and uniformity at every evaluation
+        assert r["alignment"] >= 0 and r["uniformity"] <= 0
+    train_recs = [r for r in recs if "loss" in r]
+    assert train_recs and all(math.isfinite(r["loss"]) and -1 <= r["s_p"] <= 1 for r in train_recs)
+    assert res["test"] is not None and math.isfinite(res["test"]["avg"])
+    args = json.loads((run / "args.json").read_text())
+    assert (args["tau"], args["m"], args["modulate"]) == (0.07, 0.3, True)
+
+    best = run / "best"
+    enc = AutoModel.from_pretrained(best, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(best)
+    ours = common.make_encode(enc, tok, "cls_before_pooler")(["a man is playing a guitar .",
+                                                              "the cat sat on the mat ."])
+    st = SentenceTransformer(str(best), device="cpu")
+    theirs = st.encode(["a man is playing a guitar .", "the cat sat on the mat ."],
+                       convert_to_numpy=True)
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)

@@ -1,0 +1,142 @@
+"""The fast path and multi-GPU: the compiled step gives the eager losses, DDP gives the
+one-process loss and gradients, `common.py bench` runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import common
+import simcse
+from conftest import ROOT
+
+
+def _tiny_simcse(seed: int = 0, dropout: float = 0.0) -> simcse.SimCSE:
+    from transformers import AutoModel
+    cfg = common.config_from("tiny")
+    cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout
+    torch.manual_seed(seed)
+    enc = AutoModel.from_config(cfg, attn_implementation="sdpa")
+    return simcse.SimCSE(enc, 0.05, supervised=False)
+
+
+def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 1000, (n, width), generator=g)
+    lengths = torch.randint(3, width + 1, (n,), generator=g)
+    mask = (torch.arange(width)[None] < lengths[:, None]).long()
+    return {"text": {"input_ids": ids * mask, "attention_mask": mask}}
+
+
+def _losses(compile_, device, steps=4, dtype_tol=None):
+    model = _tiny_simcse().to(device)
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    step = common._make_step(model, params, opt, sched, torch.device(device), 1.0, 1, compile_)
+    out = []
+    for i in range(steps):
+        b = {k: {kk: vv.to(device) for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
+        out.append(float(step(b)[0]))
+    return out
+
+
+def test_compiled_step_gives_the_eager_losses_cpu():
+    """The graph-capture path (dynamo + AOT autograd, aot_eager backend on CPU) against eager."""
+    eager = _losses(False, "cpu")
+    compiled = _losses("cpu", "cpu")
+    assert np.allclose(compiled, eager, rtol=1e-4), (compiled, eager)
+    assert eager[-1] < eager[0]     # the steps do train
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_compiled_bf16_step_matches_fp32_eager_cuda():
+    """On the GPU: bf16 autocast + compile + CUDA graphs against the same steps in fp32 eager."""
+    fast = _losses(True, "cuda", steps=6)
+    ref = _losses_fp32_cuda(6)
+    assert np.allclose(fast, ref, rtol=2e-2, atol=2e-2), (fast, ref)
+
+
+def _losses_fp32_cuda(steps):
+    model = _tiny_simcse().cuda()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    step = common._plain_fp32_step(model, params, opt, sched)
+    out = []
+    for i in range(steps):
+        b = {k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
+        out.append(float(step(b)[0]))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    model = _tiny_simcse()
+    ddp = common.wrap_ddp(model, torch.device("cpu"))
+    full = _batch(8)
+    n = 8 // world
+    local = {k: {kk: vv[rank * n:(rank + 1) * n] for kk, vv in v.items()} for k, v in full.items()}
+    loss = ddp(local)
+    (loss * world).backward()        # what common._make_step does under DDP
+    if rank == 0:
+        torch.save({"loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()
+                                                     if p.grad is not None}}, out_path)
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_two_processes_equal_one_process(tmp_path):
+    """gloo, 2 processes, dropout off: the loss sees the global batch (gathered embeddings)
+    and the averaged gradients equal those of one process on the same 8 sentences."""
+    out = tmp_path / "ddp.pt"
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True,
+                       start_method="spawn")
+    got = torch.load(out)
+    model = _tiny_simcse()
+    loss = model(_batch(8))
+    loss.backward()
+    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
+    ref = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    assert set(got["grads"]) == set(ref)
+    for k in ref:
+        assert torch.allclose(got["grads"][k], ref[k], atol=1e-6, rtol=1e-4), k
+    # without the all-gather each rank would see only 4 sentences: a different loss
+    half = {k: {kk: vv[:4] for kk, vv in v.items()} for k, v in _batch(8).items()}
+    assert not torch.allclose(model(half), loss)
+
+
+def test_gather_is_identity_in_one_process():
+    x = torch.randn(3, 4, requires_grad=True)
+    assert common.gather(x) is x
+
+
+def test_bench_runs_on_cpu():
+    r = subprocess.run([sys.executable, str(ROOT / "common.py"), "bench", "--config", "tiny",
+                        "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "ms/step" in r.stdout and "plain fp32 eager step" in r.stdout and "speed-up" in r.stdout
+
+
+def test_flops_formula_bert_base():
+    """Issue 7's definition on bert-base: 2 x non-embedding weights + 4 x layers x L x d."""
+    cfg = common.config_from("bert-base-uncased")
+    f = common.forward_flops_per_token(cfg, 32)
+    # 12 layers x 7,087,872 weights; embeddings and the pooler (one token a sentence) not counted
+    assert f == 2 * 85_054_464 + 4 * 12 * 32 * 768
