@@ -1,0 +1,492 @@
+"""IFCL: Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence
+Representations.
+
+Qingfa Xiao, Shuangyin Li, Lei Chen. ECAI 2023. arXiv:2307.10932. BibTeX key: xiao2023identical.
+
+What it adds to SimCSE:
+  - a third view per sentence, the fraternal twin h^-: the sentence's embedding-layer output
+    fused with that of its German translation (Eq. 3), with its own InfoNCE (Eq. 7);
+  - the Twins loss (Eq. 8), which keeps e^{sim(h,h+)} - e^{sim(h,h-)} at the margin the two
+    augmentations had at the embedding layer, instead of pushing both similarities to 1;
+  - a hippocampus queue of earlier anchors as extra negatives, older ones down-weighted (Eq. 4, 6).
+
+Run:
+  python ifcl.py translate --data data/wiki1m_for_simcse.txt --out data/wiki1m_for_simcse.de.txt
+  python ifcl.py --fraternal_data data/wiki1m_for_simcse.de.txt     # bert-base + mBERT embeddings
+  python ifcl.py --model ../shared/models/all-MiniLM-L6-v2 --fraternal_model ../shared/models/all-MiniLM-L6-v2 \\
+      --data ../shared/data/multi30k/train.en --fraternal_data ../shared/data/multi30k/train.de \\
+      --sts_dir ../shared/data/sts --output_dir runs/ifcl-minilm   # the small real testbed (README)
+  python ifcl.py ... --max_steps 20 --batch_size 16 --eval_every 10  # a quick CPU run
+  python ifcl.py ... --no_queue                                      # Table 2, "w/o HQ"
+  (Table 2: --no_fraternal = w/o FI, TL; --no_twins --no_queue = w/o TL, HQ; all three = SimCSE)
+
+Measured numbers: README.md, "Results" (the multi30k + MiniLM testbed of ../shared/README.md;
+the bert-base recipe prints the paper's Table 1 row beside yours at the end of a run).
+
+Under DDP (torchrun): h, h^+, h^- and the innate margins are gathered from every rank before
+the losses, so Eq. (6)-(8) see the global batch; every rank pushes the same gathered anchors
+into its own copy of the queue, so the queues stay identical, and N in Eq. (4) is the global
+batch size. The frozen fraternal embedding layer runs on each rank's own rows only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+from common import UserError, arg
+
+
+# =====================================================================================
+# Hyperparameters (English setting, BERT-base)
+# =====================================================================================
+
+@dataclass
+class Args:
+    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
+    fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it "
+                              "(make it with `python ifcl.py translate`)", "paper Sec. 4.1")
+    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper App. C")
+    fraternal_model: str = arg("bert-base-multilingual-uncased", "model whose embedding layer and "
+                               "tokenizer embed the German side (BEL_F)", "paper App. C")
+    output_dir: str = arg("runs/ifcl", "run folder: args.json, metrics.jsonl, best/, last/")
+    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
+    epochs: int = arg(1, "passes over the data", "paper Sec. 4.1")
+    batch_size: int = arg(64, "sentences per step N (global, over all GPUs)", "paper Tab. 6")
+    max_len: int = arg(32, "tokens per training sentence, both languages", "paper Tab. 6")
+    lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 6")
+    seed: int = arg(42, "seed for python, numpy and torch")
+    eval_every: int = arg(151, "steps between STS-B dev evaluations", "paper Sec. 4.1")
+    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
+    tau: float = arg(0.05, "temperature of Eq. (6) and (7)", "paper Tab. 6")
+    dropout: float = arg(0.15, "dropout rate rho of the encoder (makes h and h^+ differ)", "paper Tab. 6")
+    eps: float = arg(0.9, "fusion rate epsilon of Eq. (3): weight of the English embedding", "paper Tab. 6")
+    lam: float = arg(0.002, "forgetting rate lambda of Eq. (4)", "paper Tab. 6")
+    queue_len: int = arg(416, "hippocampus queue length k*N (need not be a multiple of N)", "paper Tab. 6")
+    margin: str = arg("computed", "M_i of Eq. (8): computed from the embedding layer, or fixed "
+                      "e^omega_a - e^omega_b", "ours", choices=["computed", "fixed"])
+    omega_a: float = arg(0.85, "'similarity omega_a' (used by --margin fixed)", "paper Tab. 6")
+    omega_b: float = arg(0.80, "'similarity omega_b' (used by --margin fixed)", "paper Tab. 6")
+    fuse: str = arg("layer", "what Eq. (3) fuses: the embedding layer's output (word+position+"
+                    "type, LayerNorm) or the word embeddings only", "ours", choices=["layer", "word"])
+    train_embeddings: bool = arg(False, "train the encoder's embedding layer BEL_S (Eq. 1 calls it "
+                                 "'without trainable parameters')", "paper Sec. 3.1.1")
+    no_fraternal: bool = arg(False, "drop the fraternal twins (and so Eq. 7 and the Twins loss)",
+                             "paper Tab. 2")
+    no_twins: bool = arg(False, "drop the Twins loss, Eq. (8)", "paper Tab. 2")
+    no_queue: bool = arg(False, "drop the hippocampus queue (phi = 0 in Eq. 6)", "paper Tab. 2")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient-norm clip")
+    log_every: int = arg(10, "steps between metrics.jsonl lines")
+    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
+    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+
+@dataclass
+class TranslateArgs:
+    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line")
+    out: str = arg("", "where the German lines go (written as <out>.part until complete)")
+    mt_model: str = arg("t5-base", "any Hugging Face seq2seq model (T5: the paper; the size is ours; "
+                        "Helsinki-NLP/opus-mt-en-de also works)", "paper Sec. 4.1")
+    prefix: str = arg("auto", "text put before each sentence; auto = T5's 'translate English to "
+                      "German: ' for T5 models, nothing otherwise", "ours")
+    batch_size: int = arg(64, "sentences per generate() call")
+    max_source_len: int = arg(256, "source tokens kept per sentence")
+    max_new_tokens: int = arg(128, "generated tokens per sentence at most")
+    num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)")
+
+
+# Paper Tab. 1, IFCL-BERT-base; printed beside this run's numbers at the end.
+PAPER = {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16": 80.17,
+         "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}
+
+T5_PREFIX = "translate English to German: "
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the hippocampus queue's forgetting coefficients and the three losses
+# =====================================================================================
+
+def forgetting_coefficients(queue_len: int, batch_size: int, lam: float) -> torch.Tensor:
+    """Eq. (4): weight of each queue slot; slot 0 holds the newest anchor."""
+    m = torch.arange(1, queue_len + 1, dtype=torch.float32)                  # (M,)  m = 1..k*N
+    # Eq. (4): p_m = 1 - lambda * ceil(m / N)
+    return 1 - lam * torch.ceil(m / batch_size)                              # (M,)
+
+
+def identical_loss(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, p: torch.Tensor,
+                   tau: float) -> torch.Tensor:
+    """Eq. (6): InfoNCE of the identical twins, with the queued anchors H_m as extra negatives
+    weighted by p_m. queue (M, d) may have M = 0; a slot with p_m = 0 counts for nothing."""
+    h = F.normalize(h, dim=-1)                                               # (N, d)
+    sim = h @ F.normalize(h_pos, dim=-1).T                                   # (N, N)   sim(h_i, h_j^+)
+    # the queue only feeds the loss: no gradient reaches H_m (Sec. 3.3)
+    sim_q = h @ F.normalize(queue.detach().to(h.dtype), dim=-1).T            # (N, M)   sim(h_i, H_m)
+    # phi = sum_m p_m e^{sim(h_i,H_m)/tau}: the weight enters as log p_m inside one logsumexp
+    log_p = torch.log(p.to(sim.device, torch.float32))                       # (M,)  -inf where p_m = 0
+    logits = torch.cat([sim.float() / tau, sim_q.float() / tau + log_p], 1)  # (N, N + M)
+    # Eq. (6): l_i = -log e^{sim(h_i,h_i^+)/tau} / (sum_j e^{sim(h_i,h_j^+)/tau} + phi)
+    labels = torch.arange(h.shape[0], device=h.device)                       # (N,)
+    return F.cross_entropy(logits, labels)                                   # ()
+
+
+def fraternal_loss(h: torch.Tensor, h_frat: torch.Tensor, tau: float) -> torch.Tensor:
+    """Eq. (7): InfoNCE of the fraternal twins, in-batch negatives only (no queue)."""
+    sim = F.normalize(h, dim=-1) @ F.normalize(h_frat, dim=-1).T             # (N, N)   sim(h_i, h_j^-)
+    # Eq. (7): l_i = -log e^{sim(h_i,h_i^-)/tau} / sum_j e^{sim(h_i,h_j^-)/tau}
+    labels = torch.arange(h.shape[0], device=h.device)                      # (N,)
+    return F.cross_entropy(sim.float() / tau, labels)                        # ()
+
+
+def twins_loss(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor,
+               margin: torch.Tensor) -> torch.Tensor:
+    """Eq. (8): keep the gap between the identical and the fraternal similarity at M_i."""
+    s_pos = F.cosine_similarity(h, h_pos, dim=-1).float()                    # (N,)  sim(h_i, h_i^+)
+    s_frat = F.cosine_similarity(h, h_frat, dim=-1).float()                  # (N,)  sim(h_i, h_i^-)
+    # Eq. (8): l_i = | e^{sim(h_i,h_i^+)} - e^{sim(h_i,h_i^-)} - M_i |
+    return (s_pos.exp() - s_frat.exp() - margin.float()).abs().mean()        # ()
+
+
+def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tensor,
+                  mask: torch.Tensor, mask_frat: torch.Tensor) -> torch.Tensor:
+    """M_i of Eq. (8) from the dropout-augmented embedding-layer outputs (N, L, d); emb and
+    emb_pos use the anchor's mask, emb_frat the fused (union) mask. Returns (N,), detached.
+    NOTE(ours): the paper gives no pooling for sim(emb_i, emb_i^+); we take the masked mean
+    over tokens, then cosine. Detached: M_i is a target, not a path for gradient."""
+    def mean(x, m):                                                          # (N, L, d) -> (N, d)
+        m = m.unsqueeze(-1).to(x.dtype)                                      # (N, L, 1)
+        return (x * m).sum(1) / m.sum(1).clamp(min=1)
+    e, e_pos, e_frat = mean(emb, mask), mean(emb_pos, mask), mean(emb_frat, mask_frat)  # (N, d) x3
+    s_pos = F.cosine_similarity(e, e_pos, dim=-1).float()                    # (N,)  sim(emb_i, emb_i^+)
+    s_frat = F.cosine_similarity(e, e_frat, dim=-1).float()                  # (N,)  sim(emb_i, emb_i^-)
+    # Eq. (8): M_i = e^{sim(emb_i, emb_i^+)} - e^{sim(emb_i, emb_i^-)}
+    return (s_pos.exp() - s_frat.exp()).detach()                             # (N,)
+
+
+def fixed_margin(omega_a: float, omega_b: float) -> float:
+    """NOTE(ours): Tab. 6 lists omega_a, omega_b ('similarity') but the text never uses them;
+    one reading is a constant margin M = e^omega_a - e^omega_b (--margin fixed)."""
+    return math.exp(omega_a) - math.exp(omega_b)
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the model (three views in one pass, fusion, queue, MLP over [CLS])
+# =====================================================================================
+
+def pad_cols(b: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a {"input_ids", "attention_mask"} batch to `width` columns."""
+    extra = width - b["input_ids"].shape[1]
+    return {"input_ids": F.pad(b["input_ids"], (0, extra), value=pad_id),  # (N, width)
+            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0)}  # (N, width)
+
+
+class IFCL(nn.Module):
+    """h, h^+ and h^- in ONE forward pass over 3N rows: x, x again (a second dropout mask), and
+    the fused x (Eq. 3). A hook on the encoder's embedding layer does the fusion and then the
+    dropout, so that dropout comes after the fusion as in Algorithm 1 (line 6)."""
+
+    def __init__(self, encoder: nn.Module, bel_f: nn.Module | None, args: Args, pad_id: int,
+                 pad_id_frat: int):
+        super().__init__()
+        self.encoder, self.bel_f, self.args = encoder, bel_f, args
+        self.pad_id, self.pad_id_frat = pad_id, pad_id_frat
+        d = encoder.config.hidden_size
+        # NOTE(ours): the paper does not say whether an MLP sits over [CLS] in training; like
+        # SimCSE, [CLS] -> MLP in training only (evaluation uses the mean of the last layer).
+        self.mlp = common.MLP(d)
+        emb = encoder.embeddings
+        # NOTE(ours): Eq. (1) calls BEL_S "without trainable parameters": frozen by default.
+        for prm in emb.parameters():
+            prm.requires_grad_(args.train_embeddings)
+        # BERT's NSP pooler is never used: frozen, so that DDP sees no parameter without gradient
+        if getattr(encoder, "pooler", None) is not None:
+            for prm in encoder.pooler.parameters():
+                prm.requires_grad_(False)
+        # the embedding layer's own dropout (rate rho) moves into the hook, after the fusion
+        self.rho = emb.dropout.p
+        emb.dropout = nn.Identity()
+        emb.register_forward_hook(self._fuse_then_dropout)
+        self._y_frat: torch.Tensor | None = None
+        if bel_f is not None:  # BEL_F: frozen, no dropout of its own
+            bel_f.requires_grad_(False)
+            bel_f.dropout = nn.Identity()
+        # the hippocampus queue: slot 0 newest; `filled` slots hold anchors of earlier steps
+        m = 0 if args.no_queue else args.queue_len
+        self.register_buffer("queue", torch.zeros(m, d))                     # (M, d)
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))    # ()
+
+    def _fuse_then_dropout(self, module: nn.Module, inputs, y: torch.Tensor) -> torch.Tensor:
+        if self._y_frat is not None:  # --fuse layer: the last N rows become the fraternal input
+            n = self._y_frat.shape[0]
+            eps = self.args.eps
+            # Eq. (3): eps * y_i + (1 - eps) * y_i^-, with y = BEL_S(x), y^- = BEL_F(x^-)
+            y = torch.cat([y[:-n], eps * y[-n:] + (1 - eps) * self._y_frat.to(y.dtype)])  # (3N, L, d)
+        return F.dropout(y, self.rho, module.training)                       # (B, L, d)
+
+    def queue_weights(self, batch_size: int) -> torch.Tensor:
+        """p_m of Eq. (4) for every slot, 0 for slots not filled yet (step 0: all empty)."""
+        m = self.queue.shape[0]
+        p = forgetting_coefficients(m, batch_size, self.args.lam).to(self.queue.device)  # (M,)
+        return p * (torch.arange(m, device=p.device) < self.filled)           # (M,)
+
+    @torch.no_grad()
+    def push(self, h: torch.Tensor) -> None:
+        """FIFO: the batch's anchors enter at slot 0, the oldest fall off the end.
+        NOTE(ours): the queue holds the anchors h as the loss sees them ([CLS] -> MLP), detached."""
+        m = self.queue.shape[0]
+        if m == 0:
+            return
+        self.queue.copy_(torch.cat([h.detach().float(), self.queue])[:m])    # (M, d)
+        self.filled.copy_((self.filled + h.shape[0]).clamp(max=m))           # ()
+
+    def three_views(self, batch: dict) -> tuple[torch.Tensor, ...]:
+        """[CLS]->MLP of x, x and the fused x in one pass (3N, d); the dropout-augmented
+        embedding-layer outputs emb, emb^+, emb^- (3N, L, d) (Algorithm 1, lines 3-6); the
+        anchor's mask and the fused input's mask (N, L)."""
+        a = self.args
+        x, xf = batch["text"], batch["frat"]                                 # (N, L), (N, L')
+        width = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
+        x, xf = pad_cols(x, width, self.pad_id), pad_cols(xf, width, self.pad_id_frat)
+        mask = x["attention_mask"]                                           # (N, L)
+        # NOTE(ours): the fused input attends wherever either language has a token
+        mask_frat = torch.maximum(mask, xf["attention_mask"])                # (N, L)
+        mask3 = torch.cat([mask, mask, mask_frat])                           # (3N, L)
+        # NOTE(ours): Eq. (2) fuses y = BEL(x), the embedding layer's output (word + position +
+        # type, LayerNorm); --fuse word fuses the word embeddings only, before the rest.
+        if a.fuse == "layer":
+            with torch.no_grad():
+                self._y_frat = self.bel_f(input_ids=xf["input_ids"])         # (N, L, d)  BEL_F(x^-)
+            try:
+                ids3 = torch.cat([x["input_ids"]] * 3)                       # (3N, L)
+                out = self.encoder(input_ids=ids3, attention_mask=mask3, output_hidden_states=True)
+            finally:
+                self._y_frat = None
+        else:  # --fuse word: Eq. (3) on the word embeddings; position, type, LayerNorm follow
+            w = self.encoder.embeddings.word_embeddings(x["input_ids"])      # (N, L, d)
+            with torch.no_grad():
+                w_f = self.bel_f.word_embeddings(xf["input_ids"])            # (N, L, d)
+            # Eq. (3): eps * y_i + (1 - eps) * y_i^-
+            fused = a.eps * w + (1 - a.eps) * w_f                            # (N, L, d)
+            out = self.encoder(inputs_embeds=torch.cat([w, w, fused]), attention_mask=mask3,
+                               output_hidden_states=True)
+        z = self.mlp(out.last_hidden_state[:, 0])                            # (3N, d)
+        return z, out.hidden_states[0], mask, mask_frat                      # hidden_states[0]: (3N, L, d)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        a = self.args
+        x = batch["text"]                                                    # (N, L)
+        n = x["input_ids"].shape[0]
+        terms = {}
+        if a.no_fraternal:  # SimCSE's two views in one pass
+            out = self.encoder(**common.concat_batches([x, x]))
+            z = self.mlp(out.last_hidden_state[:, 0])                        # (2N, d)
+            h, h_pos = common.gather(z[:n]), common.gather(z[n:])            # (N, d), (N, d)
+        else:
+            z, emb, mask, mask_frat = self.three_views(batch)                # (3N, d), (3N, L, d)
+            h, h_pos, h_frat = (common.gather(t) for t in z.split(n))        # (N, d) x3
+            if a.margin == "computed":
+                margin = common.gather(innate_margin(emb[:n], emb[n:2 * n], emb[2 * n:],
+                                                     mask, mask_frat))       # (N,)
+            else:
+                margin = torch.full((h.shape[0],), fixed_margin(a.omega_a, a.omega_b),
+                                    device=h.device)                         # (N,)
+            terms["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)
+            terms["margin"] = margin.mean()
+            if not a.no_twins:
+                terms["l_twins"] = twins_loss(h, h_pos, h_frat, margin)
+        p = self.queue_weights(h.shape[0])                                   # (M,)  N = global batch
+        terms["l_identical"] = identical_loss(h, h_pos, self.queue, p, a.tau)
+        self.push(h)  # after the loss, as in Algorithm 1 (line 23)
+        # Eq. (9): sum over i of l^I + l^F + l^T; NOTE(ours): the batch mean (only rescales lr)
+        loss = sum(v for k, v in terms.items() if k.startswith("l_"))
+        return loss, {k: v.detach() for k, v in terms.items()}
+
+
+# =====================================================================================
+# Fraternal sentences: the translate command and the parallel-file check
+# =====================================================================================
+
+def translate_command(data: str, out: str | None = None) -> str:
+    out = out or str(Path(data).with_suffix("")) + ".de.txt"
+    return f"python ifcl.py translate --data {data} --out {out} --mt_model t5-base"
+
+
+def check_fraternal_file(args: Args) -> None:
+    """Stop before anything is loaded when the German file is missing."""
+    if not args.fraternal_data:
+        raise UserError(f"--fraternal_data is needed: German translations of --data, one a line. "
+                        f"Make it with `{translate_command(args.data)}` and pass it, or run "
+                        f"without fraternal twins (--no_fraternal).")
+    if not Path(args.fraternal_data).is_file():
+        raise UserError(f"--fraternal_data {args.fraternal_data}: no such file. Make it with "
+                        f"`{translate_command(args.data, args.fraternal_data)}`.")
+
+
+def read_fraternal(args: Args, n: int) -> list[str]:
+    """The German lines, one per English sentence of --data (blank lines skipped in both)."""
+    de = common.read_sentences(args.fraternal_data, "--fraternal_data")
+    if len(de) != n:
+        raise UserError(f"--fraternal_data {args.fraternal_data} has {len(de)} sentences but --data "
+                        f"{args.data} has {n}: the files must be parallel, line by line. Make it "
+                        f"again with `{translate_command(args.data, args.fraternal_data)}` (to a new "
+                        f"--out).")
+    return de
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def translate(argv: list[str]) -> Path:
+    """Translate --data into --out with a seq2seq model: batched, with a progress bar, and
+    resumable. Lines go to <out>.part (flushed after each batch) beside <out>.part.json, which
+    says what is being translated; <out> appears only when every line is done, so a partial
+    file is never taken for a finished one. A killed run continues where <out>.part stops."""
+    a = common.parse_args(TranslateArgs, argv, description=translate.__doc__)
+    src = common.read_sentences(a.data, "--data")
+    if not a.out:
+        raise UserError(f"--out is needed: where the German lines go, e.g. "
+                        f"`{translate_command(a.data)}`.")
+    out = Path(a.out)
+    part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
+    if out.exists():
+        k = _count_lines(out)
+        if k == len(src):
+            print(f"{out}: already complete ({k} lines)", file=sys.stderr)
+            return out
+        raise UserError(f"--out {out} exists with {k} lines but --data {a.data} has {len(src)} "
+                        f"sentences. Delete it or choose another --out.")
+    h = hashlib.sha256("\n".join(src).encode()).hexdigest()
+    key = {"data_sha256": h, "lines": len(src), "mt_model": a.mt_model, "prefix": a.prefix,
+           "num_beams": a.num_beams, "max_new_tokens": a.max_new_tokens,
+           "max_source_len": a.max_source_len}
+    done = 0
+    if part.exists():
+        old = json.loads(meta.read_text()) if meta.exists() else None
+        if old != key:
+            raise UserError(f"{part} is an unfinished translation of other input or settings "
+                            f"({meta} says {old}). Delete both files to start afresh, or rerun "
+                            f"with the earlier flags.")
+        raw = part.read_bytes()
+        keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
+        with open(part, "r+b") as f:
+            f.truncate(len(keep))
+        done = keep.count(b"\n")
+        print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = meta.with_name(meta.name + ".tmp")
+        tmp.write_text(json.dumps(key, indent=2))
+        os.replace(tmp, meta)
+        part.write_bytes(b"")
+
+    if done < len(src):
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            tok = AutoTokenizer.from_pretrained(a.mt_model)
+            model = AutoModelForSeq2SeqLM.from_pretrained(a.mt_model, dtype=torch.float32).to(device).eval()
+        except OSError as e:
+            raise UserError(f"--mt_model {a.mt_model}: could not load it ({str(e).splitlines()[0]}). "
+                            f"Give a local folder or a hub name of a seq2seq model with the hub reachable.")
+        prefix = a.prefix
+        # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
+        if prefix == "auto":
+            prefix = T5_PREFIX if model.config.model_type == "t5" else ""
+        bar = common.progress(total=len(src), desc="translating", unit="sent", initial=done)
+        empty = 0
+        with open(part, "a", encoding="utf-8") as f:
+            for s in range(done, len(src), a.batch_size):
+                batch = src[s:s + a.batch_size]
+                enc = tok([prefix + t for t in batch], return_tensors="pt", padding=True,
+                          truncation=True, max_length=a.max_source_len).to(device)
+                with torch.no_grad(), common.autocast(device):
+                    gen = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                                         num_beams=a.num_beams, max_new_tokens=a.max_new_tokens)
+                lines = [" ".join(t.split()) for t in tok.batch_decode(gen, skip_special_tokens=True)]
+                # NOTE(ours): an empty translation keeps the English line, so the files stay parallel
+                empty += sum(not t for t in lines)
+                lines = [t or e for t, e in zip(lines, batch)]
+                f.write("".join(t + "\n" for t in lines))
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(len(batch))
+        bar.close()
+        if empty:
+            print(f"note: {empty} empty translations were replaced by their English line",
+                  file=sys.stderr)
+    if _count_lines(part) != len(src):
+        raise UserError(f"{part}: {_count_lines(part)} lines where {len(src)} were expected; "
+                        f"delete it and {meta} and translate again.")
+    os.replace(part, out)
+    meta.unlink(missing_ok=True)
+    print(f"{out}: {len(src)} lines", file=sys.stderr)
+    return out
+
+
+# =====================================================================================
+# Plumbing: everything below calls common.py
+# =====================================================================================
+
+def main(argv: list[str] | None = None) -> dict | Path:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["translate"]:
+        return translate(argv[1:])
+    args = common.parse_args(Args, argv, description=__doc__)
+    if args.no_fraternal and not args.no_twins:
+        print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)",
+              file=sys.stderr)
+        args.no_twins = True
+    if not args.no_fraternal:                      # before anything is downloaded, written or loaded
+        check_fraternal_file(args)
+        if Path(args.data).is_file():
+            read_fraternal(args, len(common.read_sentences(args.data)))
+    if str(args.data).lower().endswith(".csv"):
+        raise UserError(f"--data {args.data}: IFCL is unsupervised; give a text file with one "
+                        f"English sentence a line.")
+    if not args.no_queue and (args.queue_len < 0 or 1 - args.lam * math.ceil(
+            args.queue_len / args.batch_size) <= 0):
+        raise UserError(f"--queue_len {args.queue_len} with --lam {args.lam} and --batch_size "
+                        f"{args.batch_size}: every forgetting coefficient 1 - lam*ceil(m/N) must be "
+                        f"positive; shorten the queue or lower --lam.")
+    device = common.start(args)                    # torchrun, seed, data download, output folder
+    columns = common.load_columns(args.data)       # {"text": [...]}
+    n = len(columns["text"])
+    if not args.no_fraternal:
+        columns["frat"] = read_fraternal(args, n)  # stops before any model is loaded
+    common.check_batch(n, args.batch_size, f"--data {args.data}")
+    tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
+    cache = common.default_cache_dir(args.data, args.cache_dir)
+    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text")}
+    bel_f, pad_f = None, 0
+    if not args.no_fraternal:
+        tok_f, enc_f = common.load_encoder(args.fraternal_model, flag="--fraternal_model")
+        if enc_f.config.hidden_size != encoder.config.hidden_size:
+            raise UserError(f"--fraternal_model {args.fraternal_model}: hidden size "
+                            f"{enc_f.config.hidden_size}, but --model {args.model} has "
+                            f"{encoder.config.hidden_size}; Eq. (3) adds the two embeddings, so "
+                            f"they must match.")
+        bel_f, pad_f = enc_f.embeddings, tok_f.pad_token_id or 0
+        del enc_f                                  # only the embedding layer is kept
+        data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache,
+                                       desc="tokenizing fraternal")
+    model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
+    # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
+    return common.train(args, model, data, tokenizer, encoder, pooler="avg",
+                        paper=PAPER, paper_name="IFCL paper")
+
+
+if __name__ == "__main__":
+    common.run_main(main)
