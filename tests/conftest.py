@@ -77,6 +77,21 @@ def tiny_bert(tmp_path_factory, wiki_head) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), [wiki_head])
 
 
+@pytest.fixture(scope="session")
+def small_sts(sts_dir, tmp_path_factory) -> Path:
+    """The first 40 pairs of every STS file in SentEval's layout (SICK keeps its header): an
+    evaluation of seconds for end-to-end runs. The evaluator itself is tested on the full data."""
+    dst = tmp_path_factory.mktemp("small_sts")
+    for src in list(sts_dir.glob("STS/*/STS.*.txt")) + list(sts_dir.glob("STS/STSBenchmark/sts-*.csv")) \
+            + list(sts_dir.glob("SICK/SICK_*.txt")):
+        keep = 41 if src.parent.name == "SICK" else 40
+        out = dst / src.relative_to(sts_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(src.read_text(encoding="utf-8").splitlines()[:keep]) + "\n",
+                       encoding="utf-8")
+    return dst
+
+
 @pytest.fixture
 def cache_dir(tmp_path) -> Path:
     """Token caches go here, never into ../shared."""

@@ -90,6 +90,10 @@ def test_read_csv_columns(tmp_path):
         common.load_columns(p)
 
 
+def ref_plain(tok):
+    return tok.backend_tokenizer.encode("a b c").ids
+
+
 def test_tokenize_pads_counts_and_caches(tiny_bert, tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_bert)
@@ -104,8 +108,14 @@ def test_tokenize_pads_counts_and_caches(tiny_bert, tmp_path):
     assert b["input_ids"].shape == (2, max(len(ref[0]), len(ref[1])))
     assert b["attention_mask"].sum(1).tolist() == [len(ref[1]), len(ref[0])]
     assert t.batch(np.array([1]), pad_to=8)["input_ids"].shape == (1, 8)
+    assert tok.truncation_side == "right" and tok("a b c")["input_ids"] == ref_plain(tok)  # untouched
     files = list(tmp_path.glob("tok-*.npz"))
     assert len(files) == 1
+    # sentence pairs (ConIsI) match the tokenizer's own pair form, truncation included
+    pairs = common.tokenize(tok, texts, 12, None, text_pair=texts[::-1])
+    ref_p = tok(texts, texts[::-1], truncation=True, max_length=12)["input_ids"]
+    for i, r in enumerate(ref_p):
+        assert pairs.ids[i, :len(r)].tolist() == r and pairs.lengths[i] == len(r)
     t2 = common.tokenize(tok, texts, 8, tmp_path)   # served from the cache
     assert np.array_equal(t2.ids, t.ids) and len(list(tmp_path.glob("tok-*.npz"))) == 1
     common.tokenize(tok, texts, 6, tmp_path)         # another max_len is another key

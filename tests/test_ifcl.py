@@ -358,20 +358,6 @@ def test_translate_batched_resumable_and_atomic(tmp_path, parallel, stub_mt, mon
 # End to end on CPU: tiny English encoder + tiny 'multilingual' embedding layer
 # -------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_sts(tmp_path_factory, sts_dir):
-    """The STS data in SentEval's layout, each file cut to its first lines: an eval of seconds
-    (the evaluator itself is tested on the full data elsewhere)."""
-    out = tmp_path_factory.mktemp("small_sts")
-    for f in sts_dir.rglob("*"):
-        if f.is_file() and f.suffix in (".txt", ".csv"):
-            dest = out / f.relative_to(sts_dir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            lines = f.read_text(encoding="utf-8").splitlines()[:41]   # SICK: header + 40
-            dest.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
-
-
 def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_sts):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer

@@ -114,6 +114,22 @@ def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_
     assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
 
 
+def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_head, small_sts,
+                                                   cache_dir, monkeypatch):
+    """from_pretrained() returns eval mode; training must switch dropout on, or the two views
+    of unsupervised SimCSE are the same vector and the loss teaches nothing."""
+    seen = []
+    real = simcse.simcse_loss
+
+    def spy(h, h_pos, tau):
+        seen.append((h.detach().clone(), h_pos.detach().clone()))
+        return real(h, h_pos, tau)
+
+    monkeypatch.setattr(simcse, "simcse_loss", spy)
+    _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2")
+    assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
+
+
 def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, sts_dir, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer

@@ -1,0 +1,496 @@
+r"""ConIsI: A Contrastive Framework with Inter-sentence Interaction for Self-supervised
+Sentence Representation.
+
+Meng Sun, Degen Huang. CCL 2022 (Proceedings of the 21st Chinese National Conference on
+Computational Linguistics, pp. 748-760; ACL Anthology 2022.ccl-1.67). No arXiv version.
+BibTeX key: meng-degen-2022-conisi (the Anthology's).
+
+What it adds to unsupervised SimCSE:
+  - the positive of x_i is the pair Y_i = (x_i, x_i), encoded as ONE sequence of double length,
+    instead of a second dropout view; head g = ELU(BN(W1 h + b1)) on [CLS] (Eq. 2-4);
+  - an interactive objective: a linear score r tells Y_i = (x_i, x_i) from a composed pair
+    Z_i = (x_i, c_i), with c_i another batch sentence (s), subword noise (o1) or antonyms (o2);
+  - loss (1 - lam) * contrastive + lam * interactive (Eq. 10); evaluation uses raw [CLS].
+
+Run:
+  python conisi.py                                   # ConIsI-s, bert-base-uncased on wiki1m
+  python conisi.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
+      --sts_dir ../shared/data/sts --output_dir runs/conisi-minilm    # the small real testbed
+  python conisi.py --model <tiny bert dir> --data ../shared/data/wiki1m_head.txt \
+      --sts_dir ../shared/data/sts --max_steps 4 --eval_every 2 --batch_size 8   # quick CPU run
+  python conisi.py --strategy o1                     # ablation: Tab. 6's ConIsI-o1
+  python conisi.py --lam 0                           # ablation: Tab. 7's first column (no interaction)
+  python conisi.py --strategy o2                     # needs `pip install nltk` + the wordnet data
+
+Measured numbers: README.md, "Results" (the MiniLM testbed of ../shared/README.md); a
+bert-base run prints the paper's Tab. 4 row (or the Tab. 6/7 average) beside its own table.
+
+Under DDP (torchrun): each rank encodes its own N/K sentences x_i and builds their pairs Y_i
+and Z_i locally (for `s`, c_i is drawn from the rank's own shard, so a shard needs at least two
+sentences). h_x, h_Y, r_Y and r_Z all pass through common.gather, so Eq. (3)-(4) see the
+global N x N matrix and Eq. (8)-(9) average over all N pairs, as in one process. On CUDA the
+head's BatchNorm becomes SyncBatchNorm, so its statistics are over the global batch too; on
+CPU (gloo) each rank normalises over its own shard.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+from common import UserError, arg
+
+
+# =====================================================================================
+# Hyperparameters (ConIsI-s, BERT-base)
+# =====================================================================================
+
+@dataclass
+class Args:
+    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line", "paper Sec. 4.1")
+    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper Tab. 3")
+    output_dir: str = arg("runs/conisi", "run folder: args.json, metrics.jsonl, best/, last/")
+    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
+    epochs: int = arg(1, "passes over the data", "paper Sec. 4.3")
+    batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 (BatchNorm)",
+                          "paper Tab. 3")
+    max_len: int = arg(32, "tokens per single sentence; the pairs Y, Z get twice as many",
+                       "paper Tab. 3")
+    lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 3")
+    seed: int = arg(42, "seed for python, numpy and torch", "paper Sec. 4.3")
+    eval_every: int = arg(125, "steps between STS-B dev evaluations", "paper Sec. 4.3")
+    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
+    tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3")
+    lam: float = arg(0.8, "weight of the interactive loss, Eq. (10)", "paper Tab. 3")
+    strategy: str = arg("s", "how c_i of Z_i = (x_i, c_i) is built: s = another sentence of the "
+                        "batch, o1 = subword replacement, o2 = WordNet antonyms", "paper Sec. 3.2",
+                        choices=["s", "o1", "o2"])
+    dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3")
+    replace_share: float = arg(0.15, "o1: share of subword tokens chosen; o2: share of words "
+                               "(at least one either way)", "ours")
+    random_share: float = arg(0.8, "o1: a chosen token becomes a random token this often, else "
+                              "stays unchanged", "paper Sec. 3.2.1")
+    antonyms: str = arg("", "o2: a word<TAB>antonym file to use instead of nltk's WordNet")
+    weight_decay: float = arg(0.0, "AdamW weight decay (0 = the paper's Adam)", "paper Sec. 4.3")
+    max_grad_norm: float = arg(1.0, "gradient-norm clip (HF Trainer default, as in SimCSE)")
+    log_every: int = arg(10, "steps between metrics.jsonl lines")
+    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
+    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+
+# Paper Tab. 4 (ConIsI-s-BERT_base, lam 0.8); Tab. 6 averages per strategy; Tab. 7 averages
+# of ConIsI-s per lam. Printed beside this run's numbers at the end.
+PAPER_S = {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
+           "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}
+PAPER_AVG_BY_STRATEGY = {"s": 78.30, "o1": 77.14, "o2": 77.35}
+PAPER_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
+                    0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58}
+
+
+def paper_numbers(strategy: str, lam: float) -> tuple[dict | None, str]:
+    """The paper's BERT-base figures for this configuration (None when it reports none),
+    and the row's name in the final table."""
+    lam = round(lam, 6)
+    if lam == 0.0:  # no interactive loss: c_i plays no part (Tab. 5 / Tab. 7)
+        return {"avg": PAPER_AVG_BY_LAM[0.0]}, "paper (lam 0)"
+    if lam == 0.8:
+        if strategy == "s":
+            return dict(PAPER_S), "paper (s)"
+        return {"avg": PAPER_AVG_BY_STRATEGY[strategy]}, f"paper ({strategy})"
+    if strategy == "s" and lam in PAPER_AVG_BY_LAM:
+        return {"avg": PAPER_AVG_BY_LAM[lam]}, f"paper (lam {lam:g})"
+    return None, "paper"
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the losses
+# =====================================================================================
+
+def contrastive_loss(h_x: torch.Tensor, h_Y: torch.Tensor, tau: float) -> torch.Tensor:
+    """Eq. (3)-(4): row i is the single sentence h_i^x, column j the sentence pair h_j^Y."""
+    # sim(h_i^x, h_j^Y) = cos(h_i^x, h_j^Y) for every pair of the batch
+    sim = F.normalize(h_x, dim=-1) @ F.normalize(h_Y, dim=-1).T               # (N, N)
+    labels = torch.arange(h_x.shape[0], device=h_x.device)                    # (N,)
+    # Eq. (3)-(4): l_i = -log e^{sim(h_i^x, h_i^Y)/tau} / sum_j e^{sim(h_i^x, h_j^Y)/tau}; mean over i
+    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+
+
+def interactive_loss(r_Y: torch.Tensor, r_Z: torch.Tensor) -> torch.Tensor:
+    """Eq. (8)-(9): the same-sentence pair Y_i should outscore the composed pair Z_i."""
+    logits = torch.stack([r_Y, r_Z], dim=1).float()                           # (N, 2)
+    labels = torch.zeros(r_Y.shape[0], dtype=torch.long, device=r_Y.device)   # (N,)
+    # Eq. (8)-(9): l_i = -log e^{r_i^Y} / (e^{r_i^Y} + e^{r_i^Z}); mean over i
+    return F.cross_entropy(logits, labels)                                    # ()
+
+
+def conisi_loss(h_x: torch.Tensor, h_Y: torch.Tensor, r_Y: torch.Tensor, r_Z: torch.Tensor,
+                tau: float, lam: float) -> torch.Tensor:
+    """Eq. (10): the contrastive and interactive losses, balanced by lam."""
+    # Eq. (10): L = (1 - lam) * L_Contrastive + lam * L_Interactive
+    return (1 - lam) * contrastive_loss(h_x, h_Y, tau) + lam * interactive_loss(r_Y, r_Z)  # ()
+
+
+def interactive_accuracy(r_Y: torch.Tensor, r_Z: torch.Tensor) -> torch.Tensor:
+    """For the log: how often the classifier ranks Y_i above Z_i."""
+    return (r_Y > r_Z).float().mean()                                         # ()
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: sentence pairs as one sequence (Sec. 3.1.1-3.1.3)
+# =====================================================================================
+
+@dataclass(frozen=True)
+class PairTemplate:
+    """Where the tokenizer puts its special tokens: single = [*single_pre] x [*single_suf],
+    pair = [*pre] a [*mid] b [*suf], with the token type of every position."""
+    single_pre: int
+    single_suf: int
+    pre: tuple[int, ...]
+    mid: tuple[int, ...]
+    suf: tuple[int, ...]
+    pre_types: tuple[int, ...]
+    mid_types: tuple[int, ...]
+    suf_types: tuple[int, ...]
+    a_type: int
+    b_type: int
+    pad_id: int
+    use_types: bool
+
+
+def pair_template(tokenizer, flag: str = "--model") -> PairTemplate:
+    """Read the tokenizer's own sentence-pair form off a probe ([CLS] a [SEP] b [SEP], types
+    0/1 for BERT; <s> a </s></s> b </s> for RoBERTa)."""
+    # NOTE(ours): pairs follow the tokenizer's own pair template (methods.md), read off a probe.
+    n_a = len(tokenizer("a", add_special_tokens=False)["input_ids"])
+    n_b = len(tokenizer("b", add_special_tokens=False)["input_ids"])
+    one = tokenizer("a", return_special_tokens_mask=True)
+    two = tokenizer("a", "b", return_special_tokens_mask=True, return_token_type_ids=True)
+    ids, special = two["input_ids"], two["special_tokens_mask"]
+    types = two.get("token_type_ids") or [0] * len(ids)
+
+    def run(seq: list[int], start: int, value: int) -> int:
+        end = start
+        while end < len(seq) and seq[end] == value:
+            end += 1
+        return end
+
+    s1 = run(one["special_tokens_mask"], 0, 1)
+    p1 = run(special, 0, 1)
+    a_end = run(special, p1, 0)
+    p2 = run(special, a_end, 1)
+    b_end = run(special, p2, 0)
+    if (s1 + n_a > len(one["input_ids"]) or a_end - p1 != n_a or b_end - p2 != n_b
+            or any(m != 1 for m in special[b_end:])):
+        raise UserError(f"{flag}: its tokenizer has no sentence-pair form ([CLS] a [SEP] b [SEP] "
+                        f"or <s> a </s></s> b </s>), which ConIsI needs for Y and Z. Use a BERT- "
+                        f"or RoBERTa-style encoder.")
+    return PairTemplate(
+        single_pre=s1, single_suf=len(one["input_ids"]) - s1 - n_a,
+        pre=tuple(ids[:p1]), mid=tuple(ids[a_end:p2]), suf=tuple(ids[b_end:]),
+        pre_types=tuple(types[:p1]), mid_types=tuple(types[a_end:p2]), suf_types=tuple(types[b_end:]),
+        a_type=types[p1], b_type=types[p2],
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        use_types="token_type_ids" in tokenizer.model_input_names)
+
+
+def compose_pairs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
+                  tpl: PairTemplate) -> dict[str, torch.Tensor]:
+    """Join two single-sentence batches row by row into one pair sequence per row:
+    [CLS] a_i [SEP] b_i [SEP]. Y_i = compose(x, x) repeats the truncated x_i (Sec. 3.1.1), so a
+    pair has at most twice max_len tokens (the paper's doubled max length, Sec. 3.1.3)."""
+    a_ids, b_ids = a["input_ids"], b["input_ids"]                             # (N, La), (N, Lb)
+    n, la_w, lb_w = a_ids.shape[0], a_ids.shape[1], b_ids.shape[1]
+    dev, cut = a_ids.device, tpl.single_pre + tpl.single_suf
+    la = a["attention_mask"].sum(1, keepdim=True) - cut                       # (N, 1) words of a_i
+    lb = b["attention_mask"].sum(1, keepdim=True) - cut                       # (N, 1) words of b_i
+    width = len(tpl.pre) + len(tpl.mid) + len(tpl.suf) + (la_w - cut) + (lb_w - cut)
+    pos = torch.arange(width, device=dev)[None, :]                            # (1, W)
+    e1 = len(tpl.pre)                                                         # end of [CLS]
+    e2 = e1 + la                                                              # (N, 1) end of a_i
+    e3 = e2 + len(tpl.mid)                                                    # (N, 1) end of [SEP]
+    e4 = e3 + lb                                                              # (N, 1) end of b_i
+    e5 = e4 + len(tpl.suf)                                                    # (N, 1) end of pair
+
+    def fixed(vals: tuple[int, ...], start) -> torch.Tensor:                  # (N or 1, W)
+        t = torch.tensor(vals or (0,), device=dev)                           # (P,)
+        return t[(pos - start).clamp(0, max(len(vals) - 1, 0))]
+
+    a_tok = a_ids.gather(1, (pos - e1 + tpl.single_pre).clamp(0, la_w - 1).expand(n, -1))  # (N, W)
+    b_tok = b_ids.gather(1, (pos - e3 + tpl.single_pre).clamp(0, lb_w - 1))   # (N, W)
+    ids = torch.full((n, width), tpl.pad_id, dtype=a_ids.dtype, device=dev)   # (N, W)
+    types = torch.zeros((n, width), dtype=a_ids.dtype, device=dev)            # (N, W)
+    for end, tok, typ in ((e5, fixed(tpl.suf, e4), fixed(tpl.suf_types, e4)),
+                          (e4, b_tok, tpl.b_type),
+                          (e3, fixed(tpl.mid, e2), fixed(tpl.mid_types, e2)),
+                          (e2, a_tok, tpl.a_type),
+                          (e1, fixed(tpl.pre, 0), fixed(tpl.pre_types, 0))):
+        inside = pos < end                                                    # (N or 1, W)
+        ids = torch.where(inside, tok, ids)                                   # (N, W)
+        types = torch.where(inside, torch.as_tensor(typ, device=dev), types)  # (N, W)
+    mask = (pos < e5).long()                                                  # (N, W)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the three ways to build c_i (Sec. 3.2)
+# =====================================================================================
+
+def other_index(n: int, device: torch.device | str = "cpu",
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Strategy s (Sec. 3.2.2): for each i a uniformly drawn k != i of the same batch."""
+    if n < 2:
+        raise UserError(f"--strategy s draws c_i from the other sentences of a batch, but this "
+                        f"batch has {n}. Raise --batch_size to at least 2 per process.")
+    shift = torch.randint(1, n, (n,), device=device, generator=generator)    # (N,) in 1..N-1
+    return (torch.arange(n, device=device) + shift) % n                       # (N,) never i
+
+
+def subword_replace(ids: torch.Tensor, mask: torch.Tensor, special_ids: torch.Tensor,
+                    candidates: torch.Tensor, share: float, random_share: float,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Strategy o1 (Sec. 3.2.1): choose a share of each row's subword tokens; a chosen token
+    becomes a random token (from `candidates`) `random_share` of the time, else stays.
+    Special tokens and padding are never chosen. Returns (new ids, chosen positions)."""
+    dev = ids.device
+    content = mask.bool() & ~torch.isin(ids, special_ids)                     # (N, L)
+    n_c = content.sum(1, keepdim=True)                                        # (N, 1)
+    # NOTE(ours): the proportion is not given: 15% as BERT's masking, and at least one token
+    k = torch.where(n_c > 0, (n_c * share).round().clamp(min=1), 0)           # (N, 1)
+    score = torch.rand(ids.shape, device=dev, generator=generator)            # (N, L)
+    rank = score.masked_fill(~content, 2.0).argsort(1).argsort(1)             # (N, L) 0 = first pick
+    chosen = (rank < k) & content                                             # (N, L)
+    swap = chosen & (torch.rand(ids.shape, device=dev, generator=generator) < random_share)  # (N, L)
+    pick = torch.randint(len(candidates), ids.shape, device=dev, generator=generator)  # (N, L)
+    return torch.where(swap, candidates[pick], ids), chosen                   # (N, L), (N, L)
+
+
+WORD = re.compile(r"[A-Za-z]+")
+
+
+def antonym_replace(sentence: str, antonyms: Callable[[str], list[str]] | Mapping[str, list[str]],
+                    share: float, rng: random.Random) -> str | None:
+    """Strategy o2 (Sec. 3.2.1): swap round(share x words) words (at least one) for an
+    antonym, chosen among the words that have one; None when no word has any."""
+    look = antonyms.get if isinstance(antonyms, Mapping) else antonyms
+    words = list(WORD.finditer(sentence))
+    options = [(m, sorted(look(m.group().lower()) or ())) for m in words]
+    options = [(m, ants) for m, ants in options if ants]
+    if not options:
+        return None
+    # NOTE(ours): the share of words is not given; we reuse --replace_share, at least one word
+    n_swap = min(len(options), max(1, round(share * len(words))))
+    picked = sorted(rng.sample(range(len(options)), n_swap))
+    out, last = [], 0
+    for j in picked:
+        m, ants = options[j]
+        new = rng.choice(ants)
+        if m.group()[0].isupper():
+            new = new[0].upper() + new[1:]
+        out += [sentence[last:m.start()], new]
+        last = m.end()
+    return "".join(out) + sentence[last:]
+
+
+def wordnet_antonyms() -> Callable[[str], list[str]]:
+    """word -> its WordNet antonyms (lemma names, '_' as spaces), through nltk."""
+    how = ("pip install nltk && python -m nltk.downloader wordnet (or pass --antonyms FILE with "
+           "word<TAB>antonym lines)")
+    try:
+        from nltk.corpus import wordnet as wn
+    except ImportError:
+        raise UserError(f"--strategy o2 takes antonyms from WordNet through nltk, which is not "
+                        f"installed. Run: {how}.")
+    try:
+        wn.ensure_loaded()
+    except LookupError:
+        raise UserError("--strategy o2: nltk is installed but its WordNet data is missing. "
+                        "Run: python -m nltk.downloader wordnet (or pass --antonyms FILE).")
+
+    @lru_cache(maxsize=None)
+    def lookup(word: str) -> list[str]:
+        return sorted({a.name().replace("_", " ") for l in wn.lemmas(word) for a in l.antonyms()})
+
+    return lookup
+
+
+def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, list[str]]:
+    """A word<TAB>antonym file, one pair a line (a word may have several lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file. Give word<TAB>antonym lines, or leave the "
+                        f"flag out to use WordNet (pip install nltk).")
+    table: dict[str, list[str]] = {}
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split("\t")]
+        if len(cells) != 2 or not all(cells):
+            raise UserError(f"{flag} {path}: line {i} is {line!r}; expected word<TAB>antonym.")
+        table.setdefault(cells[0].lower(), []).append(cells[1])
+    if not table:
+        raise UserError(f"{flag} {path}: the file holds no word<TAB>antonym lines.")
+    return table
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the model (encoder + head g + interaction classifier f)
+# =====================================================================================
+
+def _pad_to(b: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    extra = width - b["input_ids"].shape[1]
+    return {"input_ids": F.pad(b["input_ids"], (0, extra), value=pad_id),
+            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0)}
+
+
+class ConIsI(nn.Module):
+    def __init__(self, encoder: nn.Module, tpl: PairTemplate, tau: float, lam: float,
+                 strategy: str, special_ids: list[int], vocab_size: int,
+                 replace_share: float = 0.15, random_share: float = 0.8):
+        super().__init__()
+        self.encoder, self.tpl, self.tau, self.lam, self.strategy = encoder, tpl, tau, lam, strategy
+        self.replace_share, self.random_share = replace_share, random_share
+        d = encoder.config.hidden_size
+        # Eq. (2): g(h) = ELU(BN_1(W_1 h + b_1)); Eq. (6) reuses W_1, b_1 and BN_1 (shared)
+        self.g = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
+        # Eq. (7): r = W_3 h + b_3. NOTE(ours): W_3 maps d -> 1, since Eq. (8) uses r as a logit
+        self.w3 = nn.Linear(d, 1)
+        special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
+        keep = torch.ones(vocab_size, dtype=torch.bool)
+        keep[special[special < vocab_size]] = False
+        self.register_buffer("special_ids", special, persistent=False)                # (S,)
+        self.register_buffer("candidates", keep.nonzero().squeeze(1), persistent=False)  # (V - S,)
+
+    def cls(self, ids: dict[str, torch.Tensor]) -> torch.Tensor:
+        use_types = self.tpl.use_types and "token_type_ids" in ids
+        kw = {"token_type_ids": ids["token_type_ids"]} if use_types else {}
+        out = self.encoder(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"], **kw)
+        return out.last_hidden_state[:, 0]                                    # (B, d)
+
+    def head(self, h_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """g and f on ONE encoding's batch: BatchNorm sees that batch alone."""
+        # NOTE(ours): BN normalises x, Y and Z each as its own batch of N (methods.md)
+        if self.training and h_cls.shape[0] < 2:
+            raise UserError("the ConIsI head's BatchNorm needs at least 2 sentences per batch and "
+                            "process in training. Raise --batch_size.")
+        # Eq. (2) / (6): h = ELU(BN(W_1 h_[CLS] + b_1))
+        h = self.g(h_cls)                                                     # (N, d)
+        # Eq. (7): r = W_3 h + b_3, one logit per pair
+        r = self.w3(h).squeeze(-1)                                            # (N,)
+        return h, r
+
+    def make_c(self, batch: dict) -> dict[str, torch.Tensor]:
+        """c_i for Z_i = (x_i, c_i), per --strategy, as a single-sentence batch."""
+        x = batch["text"]
+        if self.strategy == "s":
+            k = other_index(x["input_ids"].shape[0], x["input_ids"].device)   # (N,)
+            return {"input_ids": x["input_ids"][k], "attention_mask": x["attention_mask"][k]}
+        noisy, _ = subword_replace(x["input_ids"], x["attention_mask"], self.special_ids,
+                                   self.candidates, self.replace_share, self.random_share)  # (N, L)
+        if self.strategy == "o1":
+            return {"input_ids": noisy, "attention_mask": x["attention_mask"]}
+        # o2: the antonym column. NOTE(ours): a row with no antonym (c_i = x_i, so Z_i = Y_i
+        # under the opposite label) falls back to o1, the other "from original sentence" way
+        c = batch["anto"]
+        width = max(x["input_ids"].shape[1], c["input_ids"].shape[1])
+        x_p = _pad_to(x, width, self.tpl.pad_id)                              # (N, W)
+        c_p = _pad_to(c, width, self.tpl.pad_id)                              # (N, W)
+        noisy_p = _pad_to({"input_ids": noisy, "attention_mask": x["attention_mask"]},
+                          width, self.tpl.pad_id)                             # (N, W)
+        same = ((x_p["input_ids"] == c_p["input_ids"]).all(1)
+                & (x_p["attention_mask"] == c_p["attention_mask"]).all(1))[:, None]  # (N, 1)
+        return {k: torch.where(same, noisy_p[k], c_p[k]) for k in c_p}        # (N, W)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x = batch["text"]                                                     # (N, L)
+        n = x["input_ids"].shape[0]
+        Y = compose_pairs(x, x, self.tpl)                                     # (N, <=2L) (x_i, x_i)
+        Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
+        h_x, _ = self.head(self.cls(x))                                       # (N, d)
+        h_YZ = self.cls(common.concat_batches([Y, Z]))                        # (2N, d) one pass
+        h_Y, r_Y = self.head(h_YZ[:n])                                        # (N, d), (N,)
+        _, r_Z = self.head(h_YZ[n:])                                          # (N,)
+        h_x, h_Y, r_Y, r_Z = (common.gather(t) for t in (h_x, h_Y, r_Y, r_Z))
+        loss = conisi_loss(h_x, h_Y, r_Y, r_Z, self.tau, self.lam)
+        with torch.no_grad():
+            stats = {"loss_contrastive": contrastive_loss(h_x, h_Y, self.tau),
+                     "loss_interactive": interactive_loss(r_Y, r_Z),
+                     "acc_interactive": interactive_accuracy(r_Y, r_Z)}
+        return loss, stats
+
+
+# =====================================================================================
+# Plumbing: everything below calls common.py
+# =====================================================================================
+
+def check_args(args: Args) -> None:
+    """Flag errors that need no data or model, before anything is written."""
+    _, world_size = common.world()
+    if args.batch_size // max(world_size, 1) < 2:
+        raise UserError(f"--batch_size {args.batch_size}: ConIsI needs at least 2 sentences per "
+                        f"process (the head's BatchNorm, and strategy s draws c_i from the other "
+                        f"sentences). Use --batch_size {2 * world_size} or more.")
+    if not 0 <= args.lam <= 1:
+        raise UserError(f"--lam {args.lam}: must lie in [0, 1] (Eq. 10 weighs (1 - lam) and lam).")
+    for name in ("replace_share", "random_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise UserError(f"--{name} {getattr(args, name)}: must lie in [0, 1].")
+    if args.data.lower().endswith(".csv"):
+        raise UserError(f"--data {args.data}: ConIsI is self-supervised and reads one sentence a "
+                        f"line; give a text file (e.g. wiki1m_for_simcse.txt), not a CSV.")
+
+
+def antonym_column(sentences: list[str], lookup: Callable[[str], list[str]] | Mapping[str, list[str]],
+                   share: float, seed: int) -> list[str]:
+    """c_i text for o2; a sentence with no antonym is returned as it is (o1 takes over)."""
+    rng = random.Random(seed)
+    out = [antonym_replace(s, lookup, share, rng) for s in sentences]
+    missing = sum(c is None for c in out)
+    if missing:
+        print(f"note: --strategy o2: {missing} of {len(out)} sentences have no word with an "
+              f"antonym; their c_i uses subword replacement (o1) instead", file=sys.stderr)
+    return [c if c is not None else s for c, s in zip(out, sentences)]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = common.parse_args(Args, argv, description=__doc__)
+    check_args(args)
+    lookup = None
+    if args.strategy == "o2":  # before start(): a missing nltk stops the run before it writes
+        lookup = read_antonym_table(args.antonyms) if args.antonyms else wordnet_antonyms()
+    device = common.start(args)                  # torchrun, seed, data download, output folder
+    columns = common.load_columns(args.data)     # {"text": [...]}
+    common.check_batch(len(columns["text"]), args.batch_size, f"--data {args.data}")
+    tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
+    tpl = pair_template(tokenizer)
+    positions = common.max_positions(encoder, tokenizer)
+    if 2 * args.max_len > positions:
+        raise UserError(f"--max_len {args.max_len}: the pairs Y and Z need up to {2 * args.max_len} "
+                        f"positions, more than {args.model} has ({positions}). Lower --max_len "
+                        f"to at most {positions // 2}.")
+    if lookup is not None:
+        columns["anto"] = antonym_column(columns["text"], lookup, args.replace_share, args.seed)
+    data = common.tokenize_columns(args, tokenizer, columns)
+    vocab = min(len(tokenizer), encoder.get_input_embeddings().num_embeddings)
+    model = ConIsI(encoder, tpl, args.tau, args.lam, args.strategy, tokenizer.all_special_ids,
+                   vocab, args.replace_share, args.random_share).to(device)
+    if common.world()[1] > 1 and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    paper, name = paper_numbers(args.strategy, args.lam)
+    # Sec. 4.2: evaluation and the saved model use the raw [CLS] of the single sentence
+    return common.train(args, model, data, tokenizer, encoder, pooler="cls_before_pooler",
+                        paper=paper, paper_name=name)
+
+
+if __name__ == "__main__":
+    common.run_main(main)

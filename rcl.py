@@ -1,0 +1,391 @@
+"""RCL: Regularized Contrastive Learning of Semantic Search.
+
+Mingxi Tan, Alexis Rolland, Andong Tian. NLPCC 2022 (Springer LNCS). arXiv:2209.13241.
+BibTeX key: tan2022regularized.
+
+What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
+  - stage 1: one "entropy model" per phi, trained from the same checkpoint with the contrastive
+    loss plus phi times the entropy of each row's softmax over the off-diagonal columns (Eq. 2);
+  - stage 2: the final model, again from the original checkpoint, with the contrastive loss plus
+    two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
+    embeddings of the same sentences against the batch (Eq. 3).
+
+Run:
+  python rcl.py     # paper form: nli-roberta-base-v2 (SRoBERTa-base), SimCSE's NLI triplets, 4 phis
+  python rcl.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
+      --sts_dir ../shared/data/sts --pooler cls_before_pooler --lr 3e-5 --output_dir runs/rcl-minilm
+                    # the small real testbed (unsupervised form: two dropout views, README)
+  python rcl.py --model <tiny model dir> --data ../shared/data/nli_sample.csv --phi 0.01 0.02 \
+      --max_steps 4 --eval_every 2 --batch_size 8      # a quick CPU run of both stages
+  python rcl.py --phi 0.01 0.02                      # an ablation (Tab. 4: 4 regulators) is a flag
+  python rcl.py --resume                             # a restart reuses the finished entropy models
+
+Measured numbers: README.md, "Results" (the MiniLM testbed, unsupervised form; the NLI form
+can only be smoke-tested here). The SRoBERTa-base recipe prints the paper's Tab. 3 row beside
+yours at the end of a run. The entropy models are saved loadable: score one on the 7 tasks
+(Tab. 5) with `python common.py eval --model <output_dir>/entropy_phi0.01/best --pooler avg`.
+
+Augmented embeddings (Au in Eq. 3) are computed on the fly, under no_grad, by the frozen
+entropy models in eval mode, from the batch the final model sees. Nothing per sentence is
+stored, so memory is bounded by the batch whatever the corpus size (1M sentences included):
+K extra encoders' weights plus K x (2N, d) activations without gradient. Why not a disk
+cache: the paper trains one epoch, so each sentence is embedded exactly once either way and a
+cache (1M x 2 x K x d x 2 bytes = 12 GB for K = 4, d = 768) would save no compute.
+
+Under DDP (torchrun): every embedding the losses use (q, ind's positives and hard negatives
+gathered separately so that the positives stay first, and every Au) goes through
+common.gather, so each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen
+entropy models run on each rank's own rows only (no gradient, nothing to synchronise), and
+early stopping reads the global loss, which is the same on every rank, so all ranks stop at
+the same step. Markers are written by rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+from common import UserError, arg
+
+
+# =====================================================================================
+# Hyperparameters (the paper's STS setting: SRoBERTa-base on NLI)
+# =====================================================================================
+
+@dataclass
+class Args:
+    data: str = arg("data/nli_for_simcse.csv", "a CSV sent0,sent1[,hard_neg] (the paper's NLI form) "
+                    "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
+    model: str = arg("sentence-transformers/nli-roberta-base-v2", "hub name or local folder of the "
+                     "encoder; both stages start from it", "paper App. A")
+    output_dir: str = arg("runs/rcl", "run folder: entropy_phi<phi>/ per entropy model, then the "
+                          "final model's args.json, metrics.jsonl, best/, last/")
+    max_steps: int = arg(0, "stop each stage after this many steps (0 = run all epochs)")
+    epochs: int = arg(1, "passes over the data, each stage", "paper App. A")
+    batch_size: int = arg(64, "rows per step (global, over all GPUs)", "paper App. A")
+    max_len: int = arg(32, "tokens per training sentence", "ours")
+    lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0 (SimCSE's RoBERTa-base value; "
+                    "the paper gives none)", "ours")
+    seed: int = arg(42, "seed for python, numpy and torch (re-seeded at the start of every model)",
+                    "ours")
+    eval_every: int = arg(0, "steps between STS-B dev evaluations (0 = every 10%% of an epoch)",
+                          "paper App. A")
+    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    resume: bool = arg(False, "continue the run in --output_dir: finished entropy models are reused")
+    phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
+                           "model per value (negative values allowed, Algorithm 1)", "paper App. A")
+    tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours")
+    patience: int = arg(3, "stop an entropy model when its loss has not decreased for this many "
+                        "steps (0 = no early stopping)", "paper App. A")
+    pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
+                      "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
+    weight_decay: float = arg(0.0, "AdamW weight decay", "ours")
+    max_grad_norm: float = arg(1.0, "gradient-norm clip", "ours")
+    log_every: int = arg(10, "steps between metrics.jsonl lines")
+    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
+    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+
+# Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
+# beside this run's numbers at the end.
+PAPER = {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
+         "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40}
+
+DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy model is complete
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the losses
+# =====================================================================================
+
+def contrastive_loss(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
+    """Eq. (1) with a temperature: row i is the query q_i, its positive the column ind_i;
+    ind is (N, d), or (2N, d) with the hard negatives after the positives (extra columns)."""
+    # cos(q_i, ind_j) for every query and every column
+    sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
+    # Eq. (1): l_i = -log e^{cos(q_i, ind_i)/tau} / sum_j e^{cos(q_i, ind_j)/tau}
+    labels = torch.arange(q.shape[0], device=q.device)                        # (N,)
+    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+
+
+def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> torch.Tensor:
+    """Eq. (2), the entropy models' objective: the contrastive cross-entropy of row i minus
+    phi * sum_{j != i} s_ij log s_ij, with s_ij the softmax over all columns k of cos(q_i, ind_k)/tau.
+    NOTE(ours): the paper's Eq. (1)-(3) have no temperature; from a plain encoder that does not
+    train, so tau divides every cosine (as in SimCSE)."""
+    n = q.shape[0]
+    sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
+    # log score_train_ij = log e^{cos(q_i, ind_j)/tau} / sum_k e^{cos(q_i, ind_k)/tau}
+    log_s = F.log_softmax(sim.float() / tau, dim=1)                           # (N, M)
+    ce = -log_s.diagonal()                                                    # (N,)
+    # the entropy sum skips only j = i; hard-negative columns (j >= N) are in it
+    diag = torch.eye(n, ind.shape[0], dtype=torch.bool, device=q.device)      # (N, M)
+    s_log_s = (log_s.exp() * log_s).masked_fill(diag, 0.0)                    # (N, M)
+    # Eq. (2): J_i = -log e^{cos(q_i, ind_i)/tau} / sum_j e^{cos(q_i, ind_j)/tau} - phi * sum_{j!=i} s_ij log s_ij
+    return (ce - phi * s_log_s.sum(1)).mean()                                 # ()
+
+
+def regularized_loss(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tensor],
+                     aug_ind: list[torch.Tensor], tau: float) -> torch.Tensor:
+    """Eq. (3), the final model's objective: the contrastive term plus, for every entropy
+    model n, a regulator pairing q_i with Au_q_i^n and one pairing ind_i with Au_ind_i^n, each
+    a cross-entropy over the batch. aug_q[n], aug_ind[n]: (N, d) from the frozen entropy model n.
+    NOTE(ours): Eq. (3)'s first numerator reads cos(q_i, ind_j); the positive ind_i is meant."""
+    if len(aug_q) != len(aug_ind):
+        raise ValueError(f"{len(aug_q)} aug_q tensors but {len(aug_ind)} aug_ind tensors")
+    n = q.shape[0]
+    labels = torch.arange(n, device=q.device)                                 # (N,)
+    # Eq. (3), first term: -log e^{cos(q_i, ind_i)/tau} / sum_k e^{cos(q_i, ind_k)/tau}
+    loss = contrastive_loss(q, ind, tau)                                      # ()
+    q_n = F.normalize(q, dim=-1)                                              # (N, d)
+    # NOTE(ours): the regulators use the N positives only, not the hard negatives
+    ind_n = F.normalize(ind[:n], dim=-1)                                      # (N, d)
+    for au_q, au_ind in zip(aug_q, aug_ind):
+        sim_q = q_n @ F.normalize(au_q, dim=-1).T                             # (N, N)
+        sim_ind = ind_n @ F.normalize(au_ind, dim=-1).T                       # (N, N)
+        # Eq. (3), regulators: -log e^{cos(q_i, Au_q_i^n)/tau} / sum_k e^{cos(q_i, Au_q_k^n)/tau}
+        #                      -log e^{cos(ind_i, Au_ind_i^n)/tau} / sum_k e^{cos(ind_i, Au_ind_k^n)/tau}
+        loss = loss + F.cross_entropy(sim_q.float() / tau, labels) \
+            + F.cross_entropy(sim_ind.float() / tau, labels)                  # ()
+    return loss                                                               # ()
+
+
+def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
+    """For the log: mean over i of -sum_{j != i} s_ij log s_ij (what phi weighs in Eq. 2)."""
+    sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
+    log_s = F.log_softmax(sim.float() / tau, dim=1)                           # (N, M)
+    diag = torch.eye(q.shape[0], ind.shape[0], dtype=torch.bool, device=q.device)  # (N, M)
+    return -(log_s.exp() * log_s).masked_fill(diag, 0.0).sum(1).mean().detach()    # ()
+
+
+def early_stop(patience: int) -> Callable[[int, float], bool] | None:
+    """App. A: stop an entropy model once its loss has not decreased for `patience` steps.
+    NOTE(ours): the loss compared is each step's own (common.train passes it every step when
+    should_stop is set), read literally; the best checkpoint by STS-B dev is the one used."""
+    if patience <= 0:
+        return None
+    best, since = math.inf, 0
+
+    def should_stop(step: int, loss: float) -> bool:
+        nonlocal best, since
+        if loss < best:
+            best, since = loss, 0
+        else:
+            since += 1
+        return since >= patience
+
+    return should_stop
+
+
+# =====================================================================================
+# PAPER-SPECIFIC: the models (an entropy model, the final model with its frozen regulators)
+# =====================================================================================
+
+def embed(encoder: nn.Module, pooler: str, cols: list[dict]) -> torch.Tensor:
+    """Several column batches through the encoder in ONE forward pass, pooled -> (sum B, d)."""
+    x = common.concat_batches(cols)                                           # (sum B, L)
+    out = encoder(input_ids=x["input_ids"], attention_mask=x["attention_mask"])
+    return common.pool(out, x["attention_mask"], pooler)                      # (sum B, d)
+
+
+def query_index(encoder: nn.Module, pooler: str, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, ind), gathered over ranks: NLI form q = sent0, ind = sent1 [+ hard_neg after them];
+    unsupervised form q, ind = two dropout views of the same sentences (as SimCSE)."""
+    if "text" in batch:
+        n = batch["text"]["input_ids"].shape[0]
+        z = embed(encoder, pooler, [batch["text"], batch["text"]])            # (2N, d)
+        return common.gather(z[:n]), common.gather(z[n:])                     # (N, d), (N, d)
+    cols = [batch["sent0"], batch["sent1"]] + ([batch["hard_neg"]] if "hard_neg" in batch else [])
+    n = cols[0]["input_ids"].shape[0]
+    z = embed(encoder, pooler, cols)                                          # (2N or 3N, d)
+    # gather positives and hard negatives apart, so the global ind keeps all positives first
+    ind = torch.cat([common.gather(z[k * n:(k + 1) * n]) for k in range(1, len(cols))])  # (N or 2N, d)
+    return common.gather(z[:n]), ind                                          # (N, d), (N or 2N, d)
+
+
+class EntropyModel(nn.Module):
+    """Stage 1: the encoder trained with Eq. (2) for one phi."""
+
+    def __init__(self, encoder: nn.Module, pooler: str, phi: float, tau: float):
+        super().__init__()
+        self.encoder, self.pooler, self.phi, self.tau = encoder, pooler, phi, tau
+
+    def forward(self, batch: dict):
+        q, ind = query_index(self.encoder, self.pooler, batch)                # (N, d), (M, d)
+        return entropy_loss(q, ind, self.phi, self.tau), {"entropy": row_entropy(q, ind, self.tau)}
+
+
+class RCL(nn.Module):
+    """Stage 2: the encoder trained with Eq. (3); Au comes from the frozen entropy models."""
+
+    def __init__(self, encoder: nn.Module, pooler: str, tau: float, entropy_encoders: list[nn.Module]):
+        super().__init__()
+        self.encoder, self.pooler, self.tau = encoder, pooler, tau
+        # A plain list on purpose: not submodules, so they stay out of state_dict (the
+        # checkpoint keeps one model; they are reloaded from entropy_phi*/best), out of the
+        # optimizer and DDP, and model.train() cannot switch their dropout on.
+        self.entropy_encoders = entropy_encoders
+
+    @torch.no_grad()
+    def augment(self, batch: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Au_q^n, Au_ind^n for every entropy model n, gathered: (N, d) each, no gradient."""
+        aug_q, aug_ind = [], []
+        for enc in self.entropy_encoders:
+            if "text" in batch:  # eval mode: no dropout, so both views share one Au
+                a = common.gather(embed(enc, self.pooler, [batch["text"]]))   # (N, d)
+                aug_q.append(a)
+                aug_ind.append(a)
+                continue
+            n = batch["sent0"]["input_ids"].shape[0]
+            a = embed(enc, self.pooler, [batch["sent0"], batch["sent1"]])     # (2N, d)
+            aug_q.append(common.gather(a[:n]))                                # (N, d)
+            aug_ind.append(common.gather(a[n:]))                              # (N, d)
+        return aug_q, aug_ind
+
+    def forward(self, batch: dict):
+        q, ind = query_index(self.encoder, self.pooler, batch)                # (N, d), (M, d)
+        aug_q, aug_ind = self.augment(batch)                                  # K x (N, d) each
+        loss = regularized_loss(q, ind, aug_q, aug_ind, self.tau)             # ()
+        with torch.no_grad():
+            plain = contrastive_loss(q, ind, self.tau)                        # ()
+        return loss, {"contrastive": plain, "regulators": loss.detach() - plain}
+
+
+# =====================================================================================
+# Plumbing: everything below calls common.py
+# =====================================================================================
+
+def entropy_dir(output_dir: str | Path, phi: float) -> Path:
+    return Path(output_dir) / f"entropy_phi{phi:g}"
+
+
+def marker_record(args: Args, phi: float) -> dict:
+    """What a finished entropy model was trained from; a restart must match it to reuse it."""
+    return {"phi": phi, "model": args.model, "data": str(Path(args.data).resolve()),
+            "tau": args.tau, "pooler": args.pooler, "max_len": args.max_len, "seed": args.seed}
+
+
+def check_flags(args: Args) -> None:
+    if len(set(args.phi)) != len(args.phi) or len({f"{p:g}" for p in args.phi}) != len(args.phi):
+        raise UserError(f"--phi {' '.join(map(str, args.phi))}: each value trains one entropy model; "
+                        f"give every value once.")
+    if args.tau <= 0:
+        raise UserError(f"--tau {args.tau}: the temperature must be positive (the paper's reading "
+                        f"without one is --tau 1).")
+
+
+def start(args: Args) -> torch.device:
+    """common.start, aware of stage 1: finished entropy models are never silently overwritten,
+    and --resume works before the final model has a checkpoint of its own."""
+    out = Path(args.output_dir)
+    stage1 = sorted(out.glob("entropy_phi*")) if out.is_dir() else []
+    if stage1 and not args.resume:
+        raise UserError(f"--output_dir {out} already holds entropy models ({stage1[0].name}, ...). "
+                        f"Add --resume to reuse the finished ones, or choose another --output_dir.")
+    if args.resume and stage1 and not (out / "last" / "state.pt").exists():
+        if (out / "metrics.jsonl").exists():
+            raise UserError(f"--resume: the final model in {out} started but left no checkpoint. "
+                            f"Delete {out / 'metrics.jsonl'} to train it again from the start "
+                            f"(the entropy models are kept and reused).")
+        # NOTE(ours): common.start's --resume needs the final model's last/; a stage-1 restart has none
+        return common.start(dataclasses.replace(args, resume=False))
+    return common.start(args)
+
+
+def _barrier() -> None:
+    if common.world()[1] > 1:
+        dist.barrier()
+
+
+def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device) -> dict:
+    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end."""
+    main_proc = common.world()[0] == 0
+    if main_proc and folder.exists() and not (folder / "last" / "state.pt").exists():
+        shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
+    _barrier()
+    folder.mkdir(parents=True, exist_ok=True)
+    common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
+    tokenizer, encoder = common.load_encoder(args.model)
+    model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
+    res = common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, output_dir=folder,
+                       should_stop=early_stop(args.patience), final_eval=False)
+    if main_proc:
+        rec = {**marker_record(args, phi), "steps": res["steps"], "best_dev": res["best_dev"],
+               "best_step": res["best_step"]}
+        tmp = folder / f".{DONE}.tmp"
+        tmp.write_text(json.dumps(rec, indent=2))
+        os.replace(tmp, folder / DONE)
+        # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
+        # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
+        shutil.rmtree(folder / "last", ignore_errors=True)
+    _barrier()
+    return res
+
+
+def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
+    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained."""
+    best_dirs = []
+    for phi in args.phi:
+        folder = entropy_dir(args.output_dir, phi)
+        done = folder / DONE
+        if done.exists():
+            rec = json.loads(done.read_text())
+            want = marker_record(args, phi)
+            diff = [k for k in want if k != "seed" and rec.get(k) != want[k]]
+            if diff:
+                raise UserError(f"--resume: {folder} was trained with a different "
+                                f"{', '.join(f'--{k} ({rec.get(k)})' for k in diff)}. Use another "
+                                f"--output_dir, or delete {folder} to train it again.")
+            if common.world()[0] == 0:
+                print(f"entropy model phi={phi:g}: reusing {folder / 'best'} (finished at step "
+                      f"{rec['steps']}, best STS-B dev {rec['best_dev']:.2f})")
+        else:
+            train_entropy_model(args, phi, folder, data, device)
+        best_dirs.append(folder / "best")
+    return best_dirs
+
+
+def load_frozen(best_dir: Path, device: torch.device) -> nn.Module:
+    """An entropy model as a regulator: eval mode (no dropout), no gradient."""
+    _, enc = common.load_encoder(str(best_dir), flag=f"entropy model {best_dir}")
+    return enc.requires_grad_(False).eval().to(device)
+
+
+def train_final(args: Args, data: dict, best_dirs: list[Path], device: torch.device) -> dict:
+    """Stage 2: the final model from the original checkpoint with Eq. (3)."""
+    common.seed_everything(args.seed)
+    tokenizer, encoder = common.load_encoder(args.model)
+    model = RCL(encoder, args.pooler, args.tau, [load_frozen(d, device) for d in best_dirs]).to(device)
+    return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, paper=PAPER,
+                        paper_name="RCL paper")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = common.parse_args(Args, argv, description=__doc__)
+    check_flags(args)
+    device = start(args)                         # torchrun, seed, data download, output folder
+    columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
+    n = len(next(iter(columns.values())))
+    common.check_batch(n, args.batch_size, f"--data {args.data}")
+    if args.eval_every <= 0:                     # App. A: evaluate every 10% of the data
+        args.eval_every = max(1, n // args.batch_size // 10)
+    tokenizer, _ = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tokenizer, columns)
+    best_dirs = entropy_stage(args, data, device)
+    return train_final(args, data, best_dirs, device)
+
+
+if __name__ == "__main__":
+    common.run_main(main)

@@ -1,0 +1,455 @@
+"""conisi.py: each loss against a per-row loop written from the paper, the pair encoding
+against the tokenizer's own pair form, the three c_i strategies, and a tiny end-to-end run of
+each strategy on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import conisi
+from common import UserError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine two spinning threads make a tiny model's
+    evaluation about 15 times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cos(u: torch.Tensor, v: torch.Tensor) -> float:
+    return float(u @ v / (u.norm() * v.norm()))
+
+
+def loop_contrastive(h_x, h_Y, tau):
+    """Eq. (3)-(4), row by row: l_i = -log e^{sim(x_i, Y_i)/tau} / sum_j e^{sim(x_i, Y_j)/tau}."""
+    n, total = h_x.shape[0], 0.0
+    for i in range(n):
+        num = math.exp(cos(h_x[i], h_Y[i]) / tau)
+        den = sum(math.exp(cos(h_x[i], h_Y[j]) / tau) for j in range(n))
+        total += -math.log(num / den)
+    return total / n
+
+
+def loop_interactive(r_Y, r_Z):
+    """Eq. (8)-(9), row by row: l_i = -log e^{r_Y} / (e^{r_Y} + e^{r_Z})."""
+    n = len(r_Y)
+    return sum(-math.log(math.exp(float(r_Y[i])) / (math.exp(float(r_Y[i])) + math.exp(float(r_Z[i]))))
+               for i in range(n)) / n
+
+
+# ------------------------------------------------------------------------------------
+# losses
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,tau", [(6, 0.05), (4, 0.5), (1, 0.05)])
+def test_contrastive_loss_matches_loop(n, tau):
+    g = torch.Generator().manual_seed(n)
+    h_x = torch.randn(n, 7, generator=g, dtype=torch.float64)
+    h_Y = torch.randn(n, 7, generator=g, dtype=torch.float64)
+    got = conisi.contrastive_loss(h_x, h_Y, tau)
+    assert got.shape == ()
+    assert float(got) == pytest.approx(loop_contrastive(h_x, h_Y, tau), rel=1e-6, abs=1e-9)
+    if n == 1:  # a batch of one: the positive is its own only column
+        assert float(got) == pytest.approx(0.0, abs=1e-9)
+    else:  # rows are the single sentences: swapping the roles (a transposed matrix) differs
+        assert abs(float(conisi.contrastive_loss(h_Y, h_x, tau)) - float(got)) > 1e-4
+
+
+def test_contrastive_loss_ties_and_scale():
+    h_x = torch.randn(5, 3, dtype=torch.float64)
+    tied = torch.ones(5, 3, dtype=torch.float64)  # every column the same: log N
+    assert float(conisi.contrastive_loss(h_x, tied, 0.05)) == pytest.approx(math.log(5))
+    # cosine, not dot product: scaling the inputs changes nothing
+    h_Y = torch.randn(5, 3, dtype=torch.float64)
+    a = conisi.contrastive_loss(h_x, h_Y, 0.1)
+    assert float(conisi.contrastive_loss(3 * h_x, 0.2 * h_Y, 0.1)) == pytest.approx(float(a))
+
+
+def test_contrastive_loss_reduces_to_simcse():
+    """With the pair encoding swapped back for a second view, Eq. (3)-(4) is SimCSE's Eq. (4)."""
+    import simcse
+    h, h_pos = torch.randn(8, 16), torch.randn(8, 16)
+    assert torch.allclose(conisi.contrastive_loss(h, h_pos, 0.05), simcse.simcse_loss(h, h_pos, 0.05))
+
+
+@pytest.mark.parametrize("n", [1, 9])
+def test_interactive_loss_matches_loop(n):
+    g = torch.Generator().manual_seed(3)
+    r_Y, r_Z = torch.randn(n, generator=g) * 3, torch.randn(n, generator=g) * 3
+    got = conisi.interactive_loss(r_Y, r_Z)
+    assert got.shape == ()
+    assert float(got) == pytest.approx(loop_interactive(r_Y, r_Z), rel=1e-5)
+    # Y is the positive class: swapping Y and Z gives another loss
+    assert abs(float(conisi.interactive_loss(r_Z, r_Y)) - float(got)) > 1e-4 or torch.equal(r_Y, r_Z)
+
+
+def test_interactive_loss_edges():
+    r = torch.tensor([0.3, -2.0, 5.0])
+    assert float(conisi.interactive_loss(r, r)) == pytest.approx(math.log(2))   # ties: log 2
+    big = conisi.interactive_loss(torch.tensor([100.0, -100.0]), torch.tensor([-100.0, 100.0]))
+    assert torch.isfinite(big) and float(big) == pytest.approx(100.0, rel=1e-4)  # (0 + 200) / 2
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.3, 0.8, 1.0])
+def test_conisi_loss_matches_loop(lam):
+    g = torch.Generator().manual_seed(7)
+    h_x, h_Y = (torch.randn(5, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    r_Y, r_Z = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
+    want = (1 - lam) * loop_contrastive(h_x, h_Y, 0.05) + lam * loop_interactive(r_Y, r_Z)
+    got = conisi.conisi_loss(h_x, h_Y, r_Y, r_Z, 0.05, lam)
+    assert got.shape == () and float(got) == pytest.approx(want, rel=1e-6)
+
+
+def test_lam_zero_is_the_contrastive_loss_alone():
+    """Tab. 7's first column: lam = 0 leaves the contrastive loss and no gradient to r."""
+    h_x, h_Y = torch.randn(4, 5), torch.randn(4, 5)
+    r_Y, r_Z = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    loss = conisi.conisi_loss(h_x, h_Y, r_Y, r_Z, 0.05, 0.0)
+    assert torch.equal(loss, conisi.contrastive_loss(h_x, h_Y, 0.05))
+    loss.backward()
+    assert float(r_Y.grad.abs().sum()) == 0 and float(r_Z.grad.abs().sum()) == 0
+
+
+def test_interactive_accuracy():
+    assert float(conisi.interactive_accuracy(torch.tensor([1.0, 0.0, 2.0, 1.0]),
+                                             torch.tensor([0.0, 1.0, 1.0, 1.0]))) == 0.5
+
+
+# ------------------------------------------------------------------------------------
+# pairs: Y = (x, x) and Z = (x, c) as one sequence
+# ------------------------------------------------------------------------------------
+
+SENTS = ["a man is playing a guitar .", "hello", "the quick brown fox jumps over the lazy dog today",
+         "it is not a problem ."]
+OTHERS = ["short", "a much longer sentence than the others , written here to be long", "x y z", "ok ."]
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tiny_bert):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    assert len(tok) == 1000
+    return tok
+
+
+def _batch(tok, texts, max_len):
+    return common.tokenize(tok, texts, max_len).batch(np.arange(len(texts)))
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_compose_pairs_is_the_tokenizers_pair_form(which, tiny_tok):
+    from transformers import AutoTokenizer
+    from conftest import need_shared
+    tok = tiny_tok if which == "tiny" else AutoTokenizer.from_pretrained(
+        str(need_shared("models", "all-MiniLM-L6-v2")))
+    tpl = conisi.pair_template(tok)
+    assert (tpl.pre, tpl.mid, tpl.suf) == ((tok.cls_token_id,), (tok.sep_token_id,), (tok.sep_token_id,))
+    assert (tpl.a_type, tpl.b_type, tpl.suf_types) == (0, 1, (1,))
+    pair = conisi.compose_pairs(_batch(tok, SENTS, 64), _batch(tok, OTHERS, 64), tpl)
+    ref = tok(SENTS, OTHERS, return_token_type_ids=True)
+    for i in range(len(SENTS)):
+        m = pair["attention_mask"][i].bool()
+        assert pair["input_ids"][i][m].tolist() == ref["input_ids"][i]
+        assert pair["token_type_ids"][i][m].tolist() == ref["token_type_ids"][i]
+        assert m.tolist() == sorted(m.tolist(), reverse=True)          # right padding only
+        assert (pair["input_ids"][i][~m] == tok.pad_token_id).all()
+
+
+def test_Y_repeats_the_truncated_sentence(tiny_tok):
+    """Sec. 3.1.1: Y = {t_1..t_l, t_1..t_l} of the max_len-truncated x, at most 2 * max_len long."""
+    tpl, max_len = conisi.pair_template(tiny_tok), 6
+    x = _batch(tiny_tok, SENTS, max_len)
+    Y = conisi.compose_pairs(x, x, tpl)
+    assert Y["input_ids"].shape[1] <= 2 * max_len
+    cls, sep = tiny_tok.cls_token_id, tiny_tok.sep_token_id
+    for i in range(len(SENTS)):
+        words = x["input_ids"][i][x["attention_mask"][i].bool()].tolist()[1:-1]
+        m = Y["attention_mask"][i].bool()
+        assert Y["input_ids"][i][m].tolist() == [cls] + words + [sep] + words + [sep]
+        assert Y["token_type_ids"][i][m].tolist() == [0] * (len(words) + 2) + [1] * (len(words) + 1)
+
+
+def test_compose_pairs_roberta_style_template():
+    """A <s> a </s></s> b </s> template with one token type, against a per-row loop."""
+    tpl = conisi.PairTemplate(single_pre=1, single_suf=1, pre=(0,), mid=(2, 2), suf=(2,),
+                              pre_types=(0,), mid_types=(0, 0), suf_types=(0,), a_type=0, b_type=0,
+                              pad_id=1, use_types=False)
+    rows_a, rows_b = [[5, 6, 7], [8], []], [[9], [10, 11, 12, 13], [14, 15]]
+
+    def single(rows):
+        w = max(len(r) for r in rows) + 2
+        ids = torch.full((len(rows), w), 1)
+        mask = torch.zeros((len(rows), w), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r) + 2] = torch.tensor([0] + r + [2])
+            mask[i, :len(r) + 2] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    out = conisi.compose_pairs(single(rows_a), single(rows_b), tpl)
+    for i, (ra, rb) in enumerate(zip(rows_a, rows_b)):
+        want = [0] + ra + [2, 2] + rb + [2]
+        m = out["attention_mask"][i].bool()
+        assert out["input_ids"][i][m].tolist() == want
+        assert (out["input_ids"][i][~m] == 1).all() and (out["token_type_ids"][i] == 0).all()
+
+
+# ------------------------------------------------------------------------------------
+# strategies for c_i
+# ------------------------------------------------------------------------------------
+
+def test_other_index_never_picks_itself():
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 3, 7):
+        seen = torch.zeros(n, n, dtype=torch.long)
+        for _ in range(300):
+            k = conisi.other_index(n, generator=g)
+            assert k.shape == (n,)
+            seen[torch.arange(n), k] += 1
+        assert (seen.diagonal() == 0).all()                           # never the sentence itself
+        assert ((seen + torch.eye(n, dtype=torch.long)) > 0).all()    # every other one is drawn
+    with pytest.raises(UserError, match="--batch_size"):
+        conisi.other_index(1)
+
+
+def test_subword_replace_properties():
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([0, 1, 2, 3])                               # pad, cls, sep, unk
+    ids = torch.tensor([[1, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 2],
+                        [1, 20, 3, 21, 2, 0, 0, 0, 0, 0, 0, 0],
+                        [1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    mask = (torch.arange(12)[None] < torch.tensor([12, 5, 2])[:, None]).long()
+    cand = torch.arange(100, 200)                                      # disjoint from the rows
+    new, chosen = conisi.subword_replace(ids, mask, special, cand, 0.3, 1.0, generator=g)
+    content = mask.bool() & ~torch.isin(ids, special)
+    assert not (chosen & ~content).any()                               # specials, padding never chosen
+    assert chosen.sum(1).tolist() == [3, 1, 0]                         # round(0.3 n), at least 1
+    assert torch.equal(new[~chosen], ids[~chosen])
+    assert torch.isin(new[chosen], cand).all()                         # random_share 1: all swapped
+    same, chosen0 = conisi.subword_replace(ids, mask, special, cand, 0.3, 0.0, generator=g)
+    assert torch.equal(same, ids) and chosen0.sum() == 4               # random_share 0: chosen, kept
+
+
+def test_subword_replace_80_20_and_uniform_positions():
+    g = torch.Generator().manual_seed(1)
+    n, L = 4000, 12
+    ids = torch.randint(10, 50, (n, L), generator=g)
+    ids[:, 0], ids[:, -1] = 1, 2
+    mask = torch.ones(n, L, dtype=torch.long)
+    new, chosen = conisi.subword_replace(ids, mask, torch.tensor([0, 1, 2]), torch.arange(100, 200),
+                                         0.15, 0.8, generator=g)
+    assert (chosen.sum(1) == 2).all()                                  # round(0.15 * 10) = 2
+    swapped = (new != ids).sum() / chosen.sum()
+    assert 0.78 < float(swapped) < 0.82                                # 80% random, 20% unchanged
+    share = chosen[:, 1:-1].float().mean(0)                            # each content slot ~ 0.2
+    assert float(share.min()) > 0.17 and float(share.max()) < 0.23
+    assert (new[:, 0] == 1).all() and (new[:, -1] == 2).all()
+
+
+TABLE = {"good": ["bad"], "big": ["small", "little"], "up": ["down"], "happy": ["unhappy"]}
+
+
+def test_antonym_replace_with_a_table():
+    rng = random.Random(0)
+    assert conisi.antonym_replace("Nothing here matches .", TABLE, 0.15, rng) is None
+    out = conisi.antonym_replace("Good news, the dog is happy.", TABLE, 0.15, rng)
+    # 6 words x 0.15 -> 1 swap, among the two with an antonym; case and punctuation kept
+    assert out in ("Bad news, the dog is happy.", "Good news, the dog is unhappy.")
+    out = conisi.antonym_replace("Good news, the dog is happy.", TABLE, 1.0, rng)
+    assert out == "Bad news, the dog is unhappy."                      # never more than exist
+    outs = {conisi.antonym_replace("a big house", TABLE, 0.15, random.Random(s)) for s in range(30)}
+    assert outs == {"a small house", "a little house"}
+    a = [conisi.antonym_replace("good big up", TABLE, 0.5, random.Random(5)) for _ in range(2)]
+    assert a[0] == a[1] and sum(w1 != w2 for w1, w2 in zip(a[0].split(), "good big up".split())) == 2
+    assert conisi.antonym_replace("good", lambda w: TABLE.get(w, []), 0.1, rng) == "bad"  # a callable
+
+
+def test_o2_without_nltk_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nltk", None)
+    monkeypatch.setitem(sys.modules, "nltk.corpus", None)
+    with pytest.raises(UserError, match="pip install nltk") as e:
+        conisi.wordnet_antonyms()
+    assert "wordnet" in str(e.value)
+
+
+def test_read_antonym_table(tmp_path):
+    p = tmp_path / "ant.tsv"
+    p.write_text("Good\tbad\nbig\tsmall\n\nbig\tlittle\n", encoding="utf-8")
+    assert conisi.read_antonym_table(p) == {"good": ["bad"], "big": ["small", "little"]}
+    p.write_text("good bad\n", encoding="utf-8")
+    with pytest.raises(UserError, match="line 1"):
+        conisi.read_antonym_table(p)
+    with pytest.raises(UserError, match="no such file"):
+        conisi.read_antonym_table(tmp_path / "missing.tsv")
+
+
+# ------------------------------------------------------------------------------------
+# the model: head (Eq. 2, 6-7), BatchNorm, the o2 fallback, gradients
+# ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_bert, tiny_tok):
+    from transformers import AutoModel
+
+    def make(strategy="s", lam=0.8):
+        torch.manual_seed(0)
+        enc = AutoModel.from_pretrained(str(tiny_bert))
+        return conisi.ConIsI(enc, conisi.pair_template(tiny_tok), 0.05, lam, strategy,
+                             tiny_tok.all_special_ids, len(tiny_tok))
+    return make
+
+
+def test_head_is_eq2_and_eq7(tiny_model):
+    m = tiny_model()
+    m.train()
+    h_cls = torch.randn(6, 32)
+    h, r = m.head(h_cls)
+    lin, bn = m.g[0], m.g[1]
+    z = h_cls @ lin.weight.T + lin.bias                                # W_1 h + b_1
+    z = (z - z.mean(0)) / torch.sqrt(z.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
+    assert torch.allclose(h, F.elu(z), atol=1e-5)                      # Eq. (2)
+    assert r.shape == (6,)
+    assert torch.allclose(r, h @ m.w3.weight[0] + m.w3.bias, atol=1e-6)  # Eq. (7), d -> 1
+    # BatchNorm uses the statistics of the batch it is given: x, Y and Z are normalised apart
+    mixed = m.head(torch.cat([h_cls, 5 + torch.randn(6, 32)]))[0][:6]
+    assert not torch.allclose(mixed, h, atol=1e-3)
+    with pytest.raises(UserError, match="--batch_size"):
+        m.head(torch.randn(1, 32))
+
+
+def test_forward_gives_every_parameter_a_gradient(tiny_model, tiny_tok):
+    m = tiny_model("o1")
+    m.train()
+    batch = {"text": _batch(tiny_tok, SENTS, 16)}
+    loss, stats = m(batch)
+    assert loss.shape == () and torch.isfinite(loss)
+    assert set(stats) == {"loss_contrastive", "loss_interactive", "acc_interactive"}
+    assert float(loss.detach()) == pytest.approx(0.2 * float(stats["loss_contrastive"])
+                                        + 0.8 * float(stats["loss_interactive"]), rel=1e-5)
+    loss.backward()
+    names = [n for n, p in m.named_parameters() if p.grad is None and "encoder.pooler" not in n]
+    assert names == []
+    assert float(m.w3.weight.grad.abs().sum()) > 0 and float(m.g[0].weight.grad.abs().sum()) > 0
+
+
+def test_forward_is_eq10_over_x_Y_Z(tiny_model, tiny_tok):
+    """The forward pass against the pieces done by hand: h_x from x alone, h_Y and r_Y from
+    Y = (x, x), r_Z from Z = (x, x_k), BatchNorm over each encoding's own batch."""
+    m = tiny_model("s", lam=0.6)
+    m.train()
+    m.encoder.eval()                                                   # no dropout: comparable
+    x = _batch(tiny_tok, SENTS, 16)
+    torch.manual_seed(1)
+    loss, _ = m({"text": x})
+    torch.manual_seed(1)
+    k = conisi.other_index(len(SENTS))                                 # the same draw as forward
+    c = {"input_ids": x["input_ids"][k], "attention_mask": x["attention_mask"][k]}
+    with torch.no_grad():
+        h_x, _ = m.head(m.cls(x))
+        h_Y, r_Y = m.head(m.cls(conisi.compose_pairs(x, x, m.tpl)))
+        _, r_Z = m.head(m.cls(conisi.compose_pairs(x, c, m.tpl)))
+        # the bug this guards against: one BatchNorm over x and Y together
+        both = torch.cat([m.cls(x), m.cls(conisi.compose_pairs(x, x, m.tpl))])
+        mixed_h_x = m.head(both)[0][:len(SENTS)]
+    want = conisi.conisi_loss(h_x, h_Y, r_Y, r_Z, 0.05, 0.6)
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-4)
+    mixed = conisi.conisi_loss(mixed_h_x, h_Y, r_Y, r_Z, 0.05, 0.6)
+    assert float(mixed) != pytest.approx(float(want), rel=1e-4)
+
+
+def test_make_c_per_strategy(tiny_model, tiny_tok):
+    x = _batch(tiny_tok, SENTS, 16)
+    m = tiny_model("s")
+    c = m.make_c({"text": x})
+    for i in range(len(SENTS)):  # each c_i is another row of the batch, never x_i
+        row = c["input_ids"][i]
+        hits = [j for j in range(len(SENTS)) if torch.equal(row, x["input_ids"][j])]
+        assert hits and i not in hits
+    m = tiny_model("o2")
+    m.replace_share, m.random_share = 1.0, 1.0
+    anto = _batch(tiny_tok, ["a woman is playing a guitar .", "hello", "the slow brown fox jumps over "
+                             "the lazy dog today", "it is not a problem ."], 16)
+    c = m.make_c({"text": x, "anto": anto})
+    L = c["input_ids"].shape[1]
+    assert torch.equal(c["input_ids"][0], F.pad(anto["input_ids"][0], (0, L - anto["input_ids"].shape[1])))
+    for i in (1, 3):  # no antonym found: c_i = x_i would copy Y_i, so o1 replaces its words
+        m_i = x["attention_mask"][i].bool()
+        assert not torch.equal(c["input_ids"][i][:m_i.numel()][m_i], x["input_ids"][i][m_i])
+        assert torch.equal(c["attention_mask"][i][:m_i.numel()], x["attention_mask"][i])
+
+
+def test_paper_numbers():
+    row, name = conisi.paper_numbers("s", 0.8)
+    assert row["avg"] == 78.30 and row["STSBenchmark"] == 82.15 and name == "paper (s)"
+    assert np.mean([row[t] for t in common.STS_TASKS]) == pytest.approx(78.30, abs=0.01)
+    assert conisi.paper_numbers("o1", 0.8)[0] == {"avg": 77.14}
+    assert conisi.paper_numbers("o2", 0.8)[0] == {"avg": 77.35}
+    assert conisi.paper_numbers("o2", 0.0)[0] == {"avg": 77.00}
+    assert conisi.paper_numbers("s", 0.5)[0] == {"avg": 78.03}
+    assert conisi.paper_numbers("o1", 0.5)[0] is None
+
+
+# ------------------------------------------------------------------------------------
+# end to end on CPU
+# ------------------------------------------------------------------------------------
+
+def _run(tiny_bert, wiki_head, sts_dir, out, cache_dir, *extra):
+    return conisi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+                        "--output_dir", str(out), "--max_steps", "4", "--eval_every", "2",
+                        "--batch_size", "8", "--max_len", "16", "--log_every", "2",
+                        "--cache_dir", str(cache_dir), *extra])
+
+
+@pytest.mark.parametrize("strategy", ["s", "o1", "o2"])
+def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+    extra = ["--strategy", strategy]
+    if strategy == "o2":
+        table = tmp_path / "ant.tsv"
+        table.write_text("good\tbad\nlarge\tsmall\nfirst\tlast\nnew\told\nhigh\tlow\n", encoding="utf-8")
+        extra += ["--antonyms", str(table)]
+    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, *extra)
+    out = capsys.readouterr().out
+    assert f"paper ({strategy})" in out and "this run" in out
+    recs = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("stsb_dev" in r for r in recs)
+    train = [r for r in recs if "loss" in r]
+    assert train and all(math.isfinite(r["loss"]) and "loss_interactive" in r for r in train)
+    assert res["test"] is not None and "avg" in res["test"]
+    args = json.loads((tmp_path / "run" / "args.json").read_text())
+    assert args["strategy"] == strategy and args["lam"] == 0.8
+    best = tmp_path / "run" / "best"
+    enc = AutoModel.from_pretrained(str(best))
+    tok = AutoTokenizer.from_pretrained(str(best))
+    sents = ["a man is playing a guitar .", "the weather is good today"]
+    ours = common.make_encode(enc, tok, "cls_before_pooler")(sents)   # raw [CLS], Sec. 4.2
+    st = SentenceTransformer(str(best), device="cpu").encode(sents, convert_to_numpy=True)
+    assert np.abs(ours - st).max() < 1e-5
+
+
+def test_user_errors(tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, monkeypatch):
+    with pytest.raises(UserError, match="--batch_size 1"):
+        conisi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+                     "--output_dir", str(tmp_path / "a"), "--batch_size", "1"])
+    with pytest.raises(UserError, match="--max_len 200"):
+        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "b", cache_dir, "--max_len", "200")
+    with pytest.raises(UserError, match="text file"):
+        conisi.main(["--data", str(tmp_path / "x.csv"), "--output_dir", str(tmp_path / "c")])
+    monkeypatch.setitem(sys.modules, "nltk", None)
+    monkeypatch.setitem(sys.modules, "nltk.corpus", None)
+    with pytest.raises(UserError, match="pip install nltk"):
+        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "d", cache_dir, "--strategy", "o2")
+    assert not (tmp_path / "d").exists()                              # stopped before writing

@@ -1,0 +1,428 @@
+"""rcl.py: Eq. (1)-(3) against per-row loops written from the paper, the reductions to SimCSE,
+the models' wiring (frozen regulators, hard-negative layout, dropout on), early stopping, and
+tiny end-to-end runs of both stages for both data forms, including a restart that reuses the
+finished entropy models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import rcl
+import simcse
+from conftest import need_shared
+
+
+# ------------------------------------------------------------------------------------
+# Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)
+# ------------------------------------------------------------------------------------
+
+def _cos(a, b):
+    return (a @ b) / (a.norm() * b.norm())
+
+
+def _row_ce(x_i, cols, i, tau):
+    """-log e^{cos(x_i, c_i)/tau} / sum_k e^{cos(x_i, c_k)/tau}"""
+    e = [torch.exp(_cos(x_i, c) / tau) for c in cols]
+    return -torch.log(e[i] / sum(e))
+
+
+def ref_entropy(q, ind, phi, tau):
+    """Eq. (2): J_i = CE_i - phi * sum_{j != i} s_ij log s_ij, s_ij = softmax_k cos(q_i, ind_k)/tau."""
+    n, m = q.shape[0], ind.shape[0]
+    total = 0.0
+    for i in range(n):
+        e = [torch.exp(_cos(q[i], ind[k]) / tau) for k in range(m)]
+        z = sum(e)
+        ce = -torch.log(e[i] / z)
+        ent = sum(((e[j] / z) * torch.log(e[j] / z) for j in range(m) if j != i), torch.zeros(()))
+        total = total + ce - phi * ent
+    return total / n
+
+
+def ref_regularized(q, ind, aug_q, aug_ind, tau):
+    """Eq. (3): CE(q_i; ind) + sum_n CE(q_i; Au_q^n) + sum_n CE(ind_i; Au_ind^n), mean over i."""
+    n = q.shape[0]
+    total = 0.0
+    for i in range(n):
+        j_i = _row_ce(q[i], list(ind), i, tau)
+        for a_q, a_ind in zip(aug_q, aug_ind):
+            j_i = j_i + _row_ce(q[i], list(a_q), i, tau) + _row_ce(ind[i], list(a_ind), i, tau)
+        total = total + j_i
+    return total / n
+
+
+def close(a, b, atol=1e-5):
+    """The losses compute in float32 (as under autocast); the references in float64."""
+    return torch.allclose(a.double(), b.double(), atol=atol, rtol=1e-5)
+
+
+def _rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------------
+# Eq. (1) and Eq. (2)
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hard_neg", [False, True])
+@pytest.mark.parametrize("tau", [0.05, 0.7])
+def test_contrastive_loss_matches_loop(hard_neg, tau):
+    q, ind = _rand(5, 7, seed=1), _rand(10 if hard_neg else 5, 7, seed=2)
+    want = sum(_row_ce(q[i], list(ind), i, tau) for i in range(5)) / 5
+    assert close(rcl.contrastive_loss(q, ind, tau), want)
+
+
+@pytest.mark.parametrize("hard_neg", [False, True])
+@pytest.mark.parametrize("phi,tau", [(0.3, 0.05), (-0.2, 0.05), (2.0, 0.7)])
+def test_entropy_loss_matches_loop(hard_neg, phi, tau):
+    n = 6
+    q, ind = _rand(n, 8, seed=3), _rand(2 * n if hard_neg else n, 8, seed=4)
+    got = rcl.entropy_loss(q, ind, phi, tau)
+    assert got.dim() == 0
+    assert close(got, ref_entropy(q, ind, phi, tau))
+    # a transposed similarity matrix (ind as rows) would give another value
+    if not hard_neg:
+        assert not close(got, ref_entropy(ind, q, phi, tau))
+
+
+def test_entropy_loss_ties():
+    """Identical rows give tied similarities (and exact duplicates of the positive)."""
+    base = _rand(3, 5, seed=5)
+    q = torch.cat([base, base[:1]])                                           # rows 0 and 3 tie
+    ind = torch.cat([base[:2], base[:2]])                                     # columns tie pairwise
+    for phi in (0.0, 0.5):
+        assert close(rcl.entropy_loss(q, ind, phi, 0.1), ref_entropy(q, ind, phi, 0.1))
+
+
+def test_entropy_loss_batch_of_one():
+    q, pos, neg = _rand(1, 4, seed=6), _rand(1, 4, seed=7), _rand(1, 4, seed=8)
+    # one row, no other column: the cross-entropy is 0 and the entropy sum is empty
+    assert rcl.entropy_loss(q, pos, 0.5, 0.05).item() == pytest.approx(0.0, abs=1e-12)
+    ind = torch.cat([pos, neg])
+    assert close(rcl.entropy_loss(q, ind, 0.5, 0.05), ref_entropy(q, ind, 0.5, 0.05))
+
+
+def test_entropy_term_is_phi_times_row_entropy():
+    """J(phi) - J(0) = phi * H, H = -sum_{j!=i} s log s >= 0: the sign of Eq. (2) and the diagonal."""
+    q, ind = _rand(5, 6, seed=9), _rand(10, 6, seed=10)
+    h = rcl.row_entropy(q, ind, 0.1)
+    assert h.item() > 0
+    for phi in (0.04, -0.03):
+        diff = rcl.entropy_loss(q, ind, phi, 0.1) - rcl.entropy_loss(q, ind, 0.0, 0.1)
+        assert close(diff, phi * h)
+
+
+def test_entropy_loss_gradient_matches_loop():
+    """The entropy term is differentiated through s_ij (nothing detached)."""
+    q1, ind1 = _rand(4, 5, seed=11).requires_grad_(), _rand(8, 5, seed=12).requires_grad_()
+    q2, ind2 = q1.detach().clone().requires_grad_(), ind1.detach().clone().requires_grad_()
+    rcl.entropy_loss(q1, ind1, 0.7, 0.2).backward()
+    ref_entropy(q2, ind2, 0.7, 0.2).backward()
+    assert close(q1.grad, q2.grad)
+    assert close(ind1.grad, ind2.grad)
+
+
+def test_phi_zero_is_simcse():
+    """Reduction: phi = 0 is supervised SimCSE (Eq. 5) and, without hard negatives, Eq. (4)."""
+    q, pos, neg = _rand(6, 8, seed=13), _rand(6, 8, seed=14), _rand(6, 8, seed=15)
+    for tau in (0.05, 0.5):
+        assert close(rcl.entropy_loss(q, pos, 0.0, tau), simcse.simcse_loss(q, pos, tau))
+        assert close(rcl.entropy_loss(q, torch.cat([pos, neg]), 0.0, tau),
+                              simcse.simcse_sup_loss(q, pos, neg, tau))
+        assert close(rcl.contrastive_loss(q, torch.cat([pos, neg]), tau),
+                              simcse.simcse_sup_loss(q, pos, neg, tau))
+
+
+# ------------------------------------------------------------------------------------
+# Eq. (3)
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hard_neg", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+def test_regularized_loss_matches_loop(hard_neg, k):
+    n, d, tau = 5, 6, 0.05
+    q, ind = _rand(n, d, seed=20), _rand(2 * n if hard_neg else n, d, seed=21)
+    aug_q = [_rand(n, d, seed=30 + i) for i in range(k)]
+    aug_ind = [_rand(n, d, seed=40 + i) for i in range(k)]
+    got = rcl.regularized_loss(q, ind, aug_q, aug_ind, tau)
+    assert got.dim() == 0
+    assert close(got, ref_regularized(q, ind, aug_q, aug_ind, tau))
+    # q must meet Au_q and ind meet Au_ind, not the other way round
+    assert not close(got, ref_regularized(q, ind, aug_ind, aug_q, tau))
+    # a missing tau (tau = 1) would give another value
+    assert not close(got, ref_regularized(q, ind, aug_q, aug_ind, 1.0))
+
+
+def test_regularized_loss_gradient_matches_loop():
+    n, d = 4, 5
+    q1, ind1 = _rand(n, d, seed=50).requires_grad_(), _rand(2 * n, d, seed=51).requires_grad_()
+    q2, ind2 = q1.detach().clone().requires_grad_(), ind1.detach().clone().requires_grad_()
+    aug_q, aug_ind = [_rand(n, d, seed=52)], [_rand(n, d, seed=53)]
+    rcl.regularized_loss(q1, ind1, aug_q, aug_ind, 0.3).backward()
+    ref_regularized(q2, ind2, aug_q, aug_ind, 0.3).backward()
+    assert close(q1.grad, q2.grad)
+    assert close(ind1.grad, ind2.grad)
+    assert ind1.grad[n:].abs().sum() > 0    # hard negatives get gradient from the first term
+
+
+def test_regularized_loss_no_regulators_is_contrastive():
+    q, pos, neg = _rand(6, 8, seed=60), _rand(6, 8, seed=61), _rand(6, 8, seed=62)
+    ind = torch.cat([pos, neg])
+    assert close(rcl.regularized_loss(q, ind, [], [], 0.05), rcl.contrastive_loss(q, ind, 0.05))
+    assert close(rcl.regularized_loss(q, pos, [], [], 0.05), simcse.simcse_loss(q, pos, 0.05))
+    # a batch of one with a regulator: every term is a softmax over one column, so 0
+    assert rcl.regularized_loss(q[:1], pos[:1], [pos[:1]], [q[:1]], 0.05).item() == pytest.approx(0.0)
+
+
+def test_regularized_loss_regulators_add():
+    """Each entropy model adds its two regulators to the same contrastive term (a sum, Eq. 3)."""
+    n, d = 5, 4
+    q, ind = _rand(n, d, seed=70), _rand(n, d, seed=71)
+    a = [_rand(n, d, seed=72 + i) for i in range(4)]
+    base = rcl.contrastive_loss(q, ind, 0.1)
+    one = rcl.regularized_loss(q, ind, a[:1], a[1:2], 0.1) - base
+    two = rcl.regularized_loss(q, ind, a[2:3], a[3:4], 0.1) - base
+    both = rcl.regularized_loss(q, ind, [a[0], a[2]], [a[1], a[3]], 0.1) - base
+    assert close(both, one + two)
+
+
+def test_regularized_loss_mismatched_lists():
+    q = _rand(3, 4)
+    with pytest.raises(ValueError):
+        rcl.regularized_loss(q, q, [q], [], 0.05)
+
+
+# ------------------------------------------------------------------------------------
+# Early stopping (App. A)
+# ------------------------------------------------------------------------------------
+
+def test_early_stop_patience():
+    stop = rcl.early_stop(3)
+    losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
+    fired = [stop(s, l) for s, l in enumerate(losses, 1)]
+    # 3.9 at step 5 is the last decrease; steps 6, 7, 8 do not beat it -> stop at step 8
+    assert fired == [False] * 7 + [True]
+    stop = rcl.early_stop(1)
+    assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
+    assert rcl.early_stop(0) is None
+
+
+# ------------------------------------------------------------------------------------
+# The models: column layout, frozen regulators, dropout
+# ------------------------------------------------------------------------------------
+
+def _nli_batch(tokenizer, n=4):
+    cols = common.read_csv_columns(need_shared("data", "nli_sample.csv"))
+    toks = {k: common.tokenize(tokenizer, v[:n], 16) for k, v in cols.items()}
+    return {k: t.batch(np.arange(n)) for k, t in toks.items()}
+
+
+def test_models_wiring(tiny_bert):
+    tok, enc = common.load_encoder(str(tiny_bert))
+    frozen = [rcl.load_frozen(Path(tiny_bert), torch.device("cpu")) for _ in range(2)]
+    torch.manual_seed(0)
+    for f in frozen:  # two different "entropy models"
+        for p in f.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = _nli_batch(tok)
+    model = rcl.RCL(enc, "avg", 0.05, frozen)
+
+    def emb(e, col):
+        return rcl.embed(e, "avg", [batch[col]])
+
+    # eval mode: the loss is Eq. (3) on q = sent0, ind = [sent1; hard_neg], Au from sent0/sent1
+    model.eval()
+    with torch.no_grad():
+        q, ind = rcl.query_index(enc, "avg", batch)
+        assert torch.allclose(q, emb(enc, "sent0"), atol=1e-5)
+        assert torch.allclose(ind, torch.cat([emb(enc, "sent1"), emb(enc, "hard_neg")]), atol=1e-5)
+        loss, stats = model(batch)
+        want = rcl.regularized_loss(emb(enc, "sent0"), torch.cat([emb(enc, "sent1"), emb(enc, "hard_neg")]),
+                                    [emb(f, "sent0") for f in frozen], [emb(f, "sent1") for f in frozen], 0.05)
+        assert torch.allclose(loss, want, atol=1e-5)
+        assert stats["regulators"].item() > 0
+
+    # train mode: dropout on for the trained encoder, the regulators stay frozen in eval mode
+    model.train()
+    assert enc.training and not any(f.training for f in frozen)
+    loss, _ = model(batch)
+    loss.backward()
+    assert all(p.grad is None and not p.requires_grad for f in frozen for p in f.parameters())
+    assert any(p.grad is not None for p in enc.parameters())
+    assert all(k.startswith("encoder.") for k in model.state_dict())
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in enc.parameters())
+
+
+def test_hard_negative_layout_under_ddp(tiny_bert, monkeypatch):
+    """Under torchrun ind must hold ALL ranks' positives first, then all hard negatives, so
+    that column i stays the positive of global row i: gather is faked as two ranks here."""
+    tok, enc = common.load_encoder(str(tiny_bert))
+    batch = _nli_batch(tok)
+    monkeypatch.setattr(common, "gather", lambda x: torch.cat([x, x + 100.0]))
+    with torch.no_grad():
+        q, ind = rcl.query_index(enc, "avg", batch)
+        pos, neg = (rcl.embed(enc, "avg", [batch[c]]) for c in ("sent1", "hard_neg"))
+        assert q.shape == (8, 32) and ind.shape == (16, 32)
+        assert torch.allclose(ind[:8], torch.cat([pos, pos + 100]), atol=1e-4)
+        assert torch.allclose(ind[8:], torch.cat([neg, neg + 100]), atol=1e-4)
+
+
+def test_unsupervised_views_differ_in_training(tiny_bert, wiki_head):
+    tok, enc = common.load_encoder(str(tiny_bert))
+    text = common.read_sentences(wiki_head)[:4]
+    batch = {"text": common.tokenize(tok, text, 16).batch(np.arange(4))}
+    model = rcl.EntropyModel(enc, "cls_before_pooler", 0.01, 0.05)
+    model.train()
+    q, ind = rcl.query_index(enc, "cls_before_pooler", batch)
+    assert q.shape == ind.shape == (4, 32)
+    assert not torch.allclose(q, ind)          # two dropout views
+    loss, stats = model(batch)
+    assert loss.dim() == 0 and "entropy" in stats
+
+
+# ------------------------------------------------------------------------------------
+# End to end: both stages, both data forms, restart
+# ------------------------------------------------------------------------------------
+
+def _common_flags(tiny_bert, sts_dir, out, cache_dir, extra=()):
+    return ["--model", str(tiny_bert), "--sts_dir", str(sts_dir), "--output_dir", str(out),
+            "--max_steps", "3", "--batch_size", "8", "--cache_dir", str(cache_dir), "--lr", "1e-3",
+            "--phi", "0.01", "0.02", *extra]
+
+
+def _records(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+
+
+def _check_best_loads(best, pooler):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+    enc = AutoModel.from_pretrained(best)
+    tok = AutoTokenizer.from_pretrained(best)
+    sents = ["A man is playing a guitar.", "Two dogs run across the snowy field."]
+    ours = common.make_encode(enc, tok, pooler)(sents)
+    st = SentenceTransformer(str(best), device="cpu").encode(sents, convert_to_numpy=True)
+    np.testing.assert_allclose(st, ours, atol=1e-5)
+
+
+def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+    out = tmp_path / "run"
+    nli = need_shared("data", "nli_sample.csv")
+    # spy on common.train: what each stage starts from
+    from safetensors.torch import load_file
+    original = load_file(str(Path(tiny_bert) / "model.safetensors"))
+    starts, real_train = [], common.train
+
+    def spy(args, model, data, tokenizer, encoder, **kw):
+        same = all(torch.equal(v, original[k]) for k, v in encoder.state_dict().items() if k in original)
+        starts.append((type(model).__name__, same, getattr(model, "entropy_encoders", None)))
+        res = real_train(args, model, data, tokenizer, encoder, **kw)
+        # common.train switches the trained model to train mode; the regulators stay in eval
+        assert not any(f.training for f in getattr(model, "entropy_encoders", []))
+        return res
+
+    monkeypatch.setattr(common, "train", spy)
+    res = rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
+                                 ["--data", str(nli), "--eval_every", "2", "--patience", "2"]))
+    # every stage starts from --model; stage 2 holds the two entropy models' best weights
+    assert [(name, same) for name, same, _ in starts] == [("EntropyModel", True)] * 2 + [("RCL", True)]
+    frozen = starts[2][2]
+    assert len(frozen) == 2
+    for f, phi in zip(frozen, ("0.01", "0.02")):
+        saved = load_file(str(out / f"entropy_phi{phi}" / "best" / "model.safetensors"))
+        assert all(torch.equal(v, saved[k]) for k, v in f.state_dict().items() if k in saved)
+    assert not torch.equal(frozen[0].embeddings.word_embeddings.weight,
+                           frozen[1].embeddings.word_embeddings.weight)
+    for phi in ("0.01", "0.02"):
+        folder = out / f"entropy_phi{phi}"
+        done = json.loads((folder / rcl.DONE).read_text())
+        assert done["phi"] == float(phi) and 1 <= done["steps"] <= 3
+        assert (folder / "best" / "config.json").is_file()
+        assert any("entropy" in r for r in _records(folder / "metrics.jsonl"))
+        assert not (folder / "best" / "test_metrics.json").exists()   # no 7-task eval in stage 1
+    recs = _records(out / "metrics.jsonl")
+    assert any("stsb_dev" in r for r in recs)
+    assert any("regulators" in r and r["regulators"] > 0 for r in recs)
+    assert set(common.STS_TASKS) <= set(res["test"])
+    _check_best_loads(out / "best", "avg")
+
+
+def test_end_to_end_text(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    out = tmp_path / "run"
+    res = rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
+                                 ["--data", str(wiki_head), "--pooler", "cls_before_pooler"]))
+    assert (out / "entropy_phi0.01" / rcl.DONE).is_file() and (out / "entropy_phi0.02" / rcl.DONE).is_file()
+    assert any("stsb_dev" in r for r in _records(out / "metrics.jsonl"))
+    assert res["test"]["avg"] > 0
+    # --eval_every 0 (default) = 10% of an epoch: 11,913 lines / 8 per step / 10
+    args = json.loads((out / "best" / "args.json").read_text())
+    assert args["eval_every"] == 11913 // 8 // 10
+    _check_best_loads(out / "best", "cls_before_pooler")
+
+
+def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+    out = tmp_path / "run"
+    nli = str(need_shared("data", "nli_sample.csv"))
+    flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", nli, "--eval_every", "3"])
+    real_train = common.train
+
+    def killed(args, model, *a, output_dir=None, **k):
+        res = real_train(args, model, *a, output_dir=output_dir, **k)
+        if Path(output_dir).name == "entropy_phi0.02":  # after its last checkpoint, before DONE.json
+            raise KeyboardInterrupt("killed")
+        return res
+
+    with monkeypatch.context() as m:
+        m.setattr(common, "train", killed)
+        with pytest.raises(KeyboardInterrupt):
+            rcl.main(flags)
+    e1, e2 = out / "entropy_phi0.01", out / "entropy_phi0.02"
+    assert (e1 / rcl.DONE).is_file() and not (e1 / "last").exists()   # finished: marker, no optimizer state
+    assert not (e2 / rcl.DONE).exists() and (e2 / "last" / "state.pt").is_file()
+    before1, before2 = (e1 / "metrics.jsonl").read_text(), (e2 / "metrics.jsonl").read_text()
+
+    # without --resume nothing already trained is overwritten
+    with pytest.raises(common.UserError, match="--resume"):
+        rcl.main(flags)
+    # a finished entropy model trained with other settings is not reused silently
+    with pytest.raises(common.UserError, match="--tau"):
+        rcl.main(flags + ["--resume", "--tau", "0.1"])
+
+    calls = []
+    real = rcl.train_entropy_model
+    monkeypatch.setattr(rcl, "train_entropy_model",
+                        lambda args, phi, *a: calls.append(phi) or real(args, phi, *a))
+    res = rcl.main(flags + ["--resume"])
+    assert calls == [0.02]                                  # phi=0.01 reused, not trained again
+    assert (e1 / "metrics.jsonl").read_text() == before1
+    # phi=0.02 resumed from its checkpoint at its last step: no step trained twice
+    assert (e2 / rcl.DONE).is_file() and (e2 / "metrics.jsonl").read_text() == before2
+    assert res["test"] is not None and (out / "best" / "config.json").is_file()
+
+
+# ------------------------------------------------------------------------------------
+# Bad input
+# ------------------------------------------------------------------------------------
+
+def test_bad_flags(tiny_bert, sts_dir, tmp_path, cache_dir):
+    base = ["--model", str(tiny_bert), "--sts_dir", str(sts_dir), "--cache_dir", str(cache_dir)]
+    with pytest.raises(common.UserError, match="--phi"):
+        rcl.main(base + ["--output_dir", str(tmp_path / "a"), "--phi", "0.01", "0.01"])
+    with pytest.raises(common.UserError, match="--tau"):
+        rcl.main(base + ["--output_dir", str(tmp_path / "b"), "--tau", "0"])
+    with pytest.raises(common.UserError, match="--data"):
+        rcl.main(base + ["--output_dir", str(tmp_path / "c"), "--data", str(tmp_path / "missing.csv")])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("query,index\na,b\n")
+    with pytest.raises(common.UserError, match="sent0,sent1"):
+        rcl.main(base + ["--output_dir", str(tmp_path / "d"), "--data", str(bad)])
+    with pytest.raises(common.UserError, match="--batch_size"):
+        rcl.main(base + ["--output_dir", str(tmp_path / "e"), "--data",
+                         str(need_shared("data", "nli_sample.csv")), "--batch_size", "5000"])
