@@ -331,6 +331,8 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
     """(tokenizer, encoder) from a hub name or a local folder, with SDPA attention.
     `dropout` overrides hidden and attention dropout (IFCL's rho)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # the run's own progress bar is the one that matters
     try:
         config = AutoConfig.from_pretrained(name)
         if dropout is not None:
@@ -1124,16 +1126,20 @@ def check_wiki1m(path: Path, expected_lines: int | None = None, name: str = WIKI
 def check_nli(path: Path, name: str = NLI) -> None:
     """nli_for_simcse.csv is whole when its header is sent0,sent1,hard_neg and every row parses
     into three cells."""
-    with open(path, encoding="utf-8", errors="strict", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        if ",".join(header) != NLI_HEADER:
-            raise UserError(f"{name}: header {','.join(header)!r}, expected {NLI_HEADER!r}: the "
-                            f"download is corrupted. Run `python common.py download` again.")
-        for i, row in enumerate(reader, start=2):
-            if len(row) != 3:
-                raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the "
-                                f"download is incomplete. Run `python common.py download` again.")
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            if ",".join(header) != NLI_HEADER:
+                raise UserError(f"{name}: header {','.join(header)!r}, expected {NLI_HEADER!r}: the "
+                                f"download is corrupted. Run `python common.py download` again.")
+            for i, row in enumerate(reader, start=2):
+                if len(row) != 3:
+                    raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the "
+                                    f"download is incomplete. Run `python common.py download` again.")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. Run "
+                        f"`python common.py download` again.")
 
 
 def check_sts(folder: Path) -> None:

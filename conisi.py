@@ -3,7 +3,7 @@ Sentence Representation.
 
 Meng Sun, Degen Huang. CCL 2022 (Proceedings of the 21st Chinese National Conference on
 Computational Linguistics, pp. 748-760; ACL Anthology 2022.ccl-1.67). No arXiv version.
-BibTeX key: meng-degen-2022-conisi (the Anthology's).
+BibTeX key: sun2022conisi.
 
 What it adds to unsupervised SimCSE:
   - the positive of x_i is the pair Y_i = (x_i, x_i), encoded as ONE sequence of double length,

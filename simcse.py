@@ -1,4 +1,4 @@
-"""SimCSE: Simple Contrastive Learning of Sentence Embeddings.
+r"""SimCSE: Simple Contrastive Learning of Sentence Embeddings.
 
 Tianyu Gao, Xingcheng Yao, Danqi Chen. EMNLP 2021. arXiv:2104.08821. BibTeX key: gao2021simcse.
 

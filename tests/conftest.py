@@ -71,6 +71,29 @@ def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hi
     return folder
 
 
+def build_tiny_roberta(folder: Path, corpus: list[Path], vocab_size: int = 800, hidden: int = 32,
+                       seed: int = 0) -> Path:
+    """A tiny RoBERTa (byte-level BPE trained on `corpus`, random weights) saved as a folder."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = ByteLevelBPETokenizer()
+    bpe.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=2, show_progress=False,
+              special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(folder))
+    tok = RobertaTokenizerFast.from_pretrained(str(folder))
+    assert len(tok) == vocab_size, f"tiny tokenizer has {len(tok)} tokens, expected {vocab_size}"
+    tok.save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    cfg = RobertaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=2 * hidden,
+                        max_position_embeddings=258, pad_token_id=tok.pad_token_id, type_vocab_size=1)
+    RobertaModel(cfg).save_pretrained(str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, wiki_head) -> Path:
     """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from wiki1m_head."""

@@ -130,6 +130,21 @@ def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_hea
     assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
 
 
+def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
+    """RoBERTa (byte-level BPE, positions offset by the padding index) trains and saves too."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+    from conftest import build_tiny_roberta
+    rob = build_tiny_roberta(tmp_path / "rob", [wiki_head])
+    res = _run(tmp_path, rob, wiki_head, small_sts, cache_dir)
+    assert math.isfinite(res["best_dev"]) and set(res["test"]) == set(common.STS_TASKS) | {"avg"}
+    best = tmp_path / "run" / "best"
+    enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
+    sents = ["a man is playing a guitar .", "the cat sleeps ."]
+    ours = common.make_encode(enc, tok, "cls_before_pooler")(sents)
+    assert np.allclose(SentenceTransformer(str(best), device="cpu").encode(sents), ours, atol=1e-5)
+
+
 def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, sts_dir, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
