@@ -3,6 +3,7 @@ one-process loss and gradients, `common.py bench` runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -140,3 +141,19 @@ def test_flops_formula_bert_base():
     f = common.forward_flops_per_token(cfg, 32)
     # 12 layers x 7,087,872 weights; embeddings and the pooler (one token a sentence) not counted
     assert f == 2 * 85_054_464 + 4 * 12 * 32 * 768
+
+
+def test_torchrun_two_processes_trains_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts):
+    """`torchrun --nproc_per_node 2 simcse.py` on the CPU (gloo): the whole loop under DDP,
+    evaluation and checkpoints on rank 0, the others waiting at the barrier."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(_free_port()), str(ROOT / "simcse.py"),
+                        "--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
+                        "--output_dir", str(out), "--max_steps", "4", "--eval_every", "2",
+                        "--batch_size", "8", "--cache_dir", str(tmp_path / "cache")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in recs if "stsb_dev" in x] == [2, 4]
+    assert (out / "best" / "config.json").exists() and (out / "best" / "test_metrics.json").exists()
