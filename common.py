@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import math
 import os
 import random
 import shutil
@@ -1012,8 +1011,6 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                f"{'' if best_step else ' (none was saved yet)'}. Try a lower --lr, or check the "
                f"data for degenerate lines.")
         raise UserError(msg)
-    if best_step == 0 and main_proc:
-        evaluate_and_save(step)
     result: dict[str, Any] = {"best_dev": best, "best_step": best_step, "steps": step, "test": None}
     if final_eval and main_proc:
         result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name,

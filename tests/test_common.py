@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
-import io
 import json
 import tarfile
 import threading
