@@ -100,8 +100,9 @@ def _flag_type(f: dataclasses.Field) -> tuple[type, bool]:
     return {"int": int, "float": float, "str": str, "bool": bool}.get(inner, str), is_list
 
 
-def build_parser(cls: type, prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description, usage="%(prog)s [options]")
+def build_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, usage="%(prog)s [options]",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
         typ, is_list = _flag_type(f)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -118,7 +119,6 @@ def build_parser(cls: type, prog: str | None = None, description: str | None = N
         # show the real default in --help while still telling which flags were given
         kw["help"] += f" (default: {default})"
         p.add_argument(f"--{f.name}", **kw)
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 
@@ -298,15 +298,19 @@ def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
             for k, v in columns.items()}
 
 
-def concat_batches(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def pad_batch(b: dict[str, torch.Tensor], width: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad a {"input_ids", "attention_mask"[, ...]} batch to `width` columns: input_ids
+    with `pad_id`, every other field (the mask, token types) with 0."""
+    return {k: F.pad(v, (0, width - v.shape[1]), value=pad_id if k == "input_ids" else 0)
+            for k, v in b.items()}                                         # (N, width) each
+
+
+def concat_batches(batches: list[dict[str, torch.Tensor]], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Stack several {"input_ids", "attention_mask"} batches along rows, padding to the widest,
     so that they go through the encoder in ONE forward pass."""
     width = max(b["input_ids"].shape[1] for b in batches)
-    out = {}
-    for k in batches[0]:
-        pad = 0
-        out[k] = torch.cat([F.pad(b[k], (0, width - b[k].shape[1]), value=pad) for b in batches])
-    return out
+    padded = [pad_batch(b, width, pad_id) for b in batches]
+    return {k: torch.cat([b[k] for b in padded]) for k in padded[0]}
 
 
 def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
@@ -732,6 +736,12 @@ class _GatherWithGrad(torch.autograd.Function):
         return grad.chunk(n, 0)[rank].contiguous()
 
 
+def barrier() -> None:
+    """Wait for every rank under torchrun; nothing in one process."""
+    if world()[1] > 1:
+        dist.barrier()
+
+
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """DDP over `model`. Encoders carry weights some methods never use (BERT's pooler in
     unsupervised SimCSE), so DDP is told to look for unused parameters: otherwise the
@@ -809,8 +819,7 @@ def start(args: Any) -> torch.device:
         ensure_data(args)
         out = prepare_output_dir(args.output_dir, getattr(args, "resume", False))
         (out / "args.json").write_text(json.dumps(_args_dict(args), indent=2, default=str))
-    if world()[1] > 1:
-        dist.barrier()
+    barrier()
     return device
 
 
@@ -953,8 +962,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                 "step": step, "best": best, "best_step": best_step,
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
-        if world_size > 1:
-            dist.barrier()
+        barrier()
         return rec
 
     bar = progress(total=total, desc=Path(sys.argv[0]).stem or "train", unit="step",
@@ -1015,8 +1023,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     if final_eval and main_proc:
         result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name,
                                       device, mlp_kept=(pooler == "cls"))
-    if world_size > 1:
-        dist.barrier()
+    barrier()
     return result
 
 

@@ -347,12 +347,6 @@ def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, 
 # PAPER-SPECIFIC: the model (encoder + head g + interaction classifier f)
 # =====================================================================================
 
-def _pad_to(b: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
-    extra = width - b["input_ids"].shape[1]
-    return {"input_ids": F.pad(b["input_ids"], (0, extra), value=pad_id),
-            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0)}
-
-
 class ConIsI(nn.Module):
     def __init__(self, encoder: nn.Module, tpl: PairTemplate, tau: float, lam: float,
                  strategy: str, special_ids: list[int], vocab_size: int,
@@ -403,10 +397,10 @@ class ConIsI(nn.Module):
         # under the opposite label) falls back to o1, the other "from original sentence" way
         c = batch["anto"]
         width = max(x["input_ids"].shape[1], c["input_ids"].shape[1])
-        x_p = _pad_to(x, width, self.tpl.pad_id)                              # (N, W)
-        c_p = _pad_to(c, width, self.tpl.pad_id)                              # (N, W)
-        noisy_p = _pad_to({"input_ids": noisy, "attention_mask": x["attention_mask"]},
-                          width, self.tpl.pad_id)                             # (N, W)
+        x_p = common.pad_batch(x, width, self.tpl.pad_id)                    # (N, W)
+        c_p = common.pad_batch(c, width, self.tpl.pad_id)                    # (N, W)
+        noisy_p = common.pad_batch({"input_ids": noisy, "attention_mask": x["attention_mask"]},
+                                   width, self.tpl.pad_id)                   # (N, W)
         same = ((x_p["input_ids"] == c_p["input_ids"]).all(1)
                 & (x_p["attention_mask"] == c_p["attention_mask"]).all(1))[:, None]  # (N, 1)
         return {k: torch.where(same, noisy_p[k], c_p[k]) for k in c_p}        # (N, W)

@@ -184,13 +184,6 @@ def fixed_margin(omega_a: float, omega_b: float) -> float:
 # PAPER-SPECIFIC: the model (three views in one pass, fusion, queue, MLP over [CLS])
 # =====================================================================================
 
-def pad_cols(b: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a {"input_ids", "attention_mask"} batch to `width` columns."""
-    extra = width - b["input_ids"].shape[1]
-    return {"input_ids": F.pad(b["input_ids"], (0, extra), value=pad_id),  # (N, width)
-            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0)}  # (N, width)
-
-
 class IFCL(nn.Module):
     """h, h^+ and h^- in ONE forward pass over 3N rows: x, x again (a second dropout mask), and
     the fused x (Eq. 3). A hook on the encoder's embedding layer does the fusion and then the
@@ -257,7 +250,7 @@ class IFCL(nn.Module):
         a = self.args
         x, xf = batch["text"], batch["frat"]                                 # (N, L), (N, L')
         width = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
-        x, xf = pad_cols(x, width, self.pad_id), pad_cols(xf, width, self.pad_id_frat)
+        x, xf = common.pad_batch(x, width, self.pad_id), common.pad_batch(xf, width, self.pad_id_frat)
         mask = x["attention_mask"]                                           # (N, L)
         # NOTE(ours): the fused input attends wherever either language has a token
         mask_frat = torch.maximum(mask, xf["attention_mask"])                # (N, L)

@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -304,17 +303,12 @@ def start(args: Args) -> torch.device:
     return common.start(args)
 
 
-def _barrier() -> None:
-    if common.world()[1] > 1:
-        dist.barrier()
-
-
 def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device) -> dict:
     """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end."""
     main_proc = common.world()[0] == 0
     if main_proc and folder.exists() and not (folder / "last" / "state.pt").exists():
         shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
-    _barrier()
+    common.barrier()
     folder.mkdir(parents=True, exist_ok=True)
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
@@ -330,7 +324,7 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
         shutil.rmtree(folder / "last", ignore_errors=True)
-    _barrier()
+    common.barrier()
     return res
 
 

@@ -136,6 +136,9 @@ def test_concat_batches_pads_to_widest():
     b = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
     c = common.concat_batches([a, b])
     assert c["input_ids"].shape == (4, 5) and c["attention_mask"][:2, 3:].sum() == 0
+    r = common.concat_batches([a, b], pad_id=1)       # RoBERTa's <pad>; the mask still pads with 0
+    assert (r["input_ids"][:2, 3:] == 1).all() and r["attention_mask"][:2, 3:].sum() == 0
+    assert common.pad_batch(a, 3, 7)["input_ids"].equal(a["input_ids"])   # already wide enough
 
 
 # ------------------------------------------------------------------ STS evaluator
