@@ -1041,6 +1041,14 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
     return res
 
 
+def clip_divisor(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """max(1, (||g|| + 1e-6) / max_norm) over all gradients together: dividing by it is
+    clip_grad_norm_'s multiplication by min(1, max_norm / (||g|| + 1e-6)). 0-dim tensor."""
+    norms = torch._foreach_norm(grads)                                        # one () per tensor
+    total = torch.linalg.vector_norm(torch.stack(norms))                      # ()
+    return torch.clamp((total + 1e-6) / max_norm, min=1.0)                    # ()
+
+
 def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float,
                world_size: int, compile_: bool | str = False) -> Callable[[dict], tuple[torch.Tensor, dict]]:
     """One training step: forward under autocast, backward, clip, AdamW, scheduler.
@@ -1053,13 +1061,15 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
 
     Under DDP each rank computes the same global loss from gathered embeddings and keeps only
     its own shard's gradient; DDP averages over ranks, so the loss is scaled by the world size
-    to give exactly the one-process gradient. Nothing here waits on the GPU."""
+    to give exactly the one-process gradient. With a fused AdamW the gradient clipping happens
+    inside the optimizer's kernel (see clip_divisor). Nothing here waits on the GPU."""
     fwd = model
     cuda = device.type == "cuda"
     if compile_ and (cuda or compile_ == "cpu"):
         mode = "reduce-overhead" if cuda and world_size == 1 else None
         fwd = torch.compile(model, mode=mode, backend="inductor" if cuda else "aot_eager")
     state = {"fwd": fwd, "compiled": fwd is not model}
+    fused_clip = all(g.get("fused") for g in opt.param_groups)
 
     def forward_backward(batch):
         if state["compiled"] and cuda:
@@ -1083,9 +1093,14 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             state["fwd"], state["compiled"] = model, False
             opt.zero_grad(set_to_none=True)
             loss, stats = forward_backward(batch)
-        if max_grad_norm and max_grad_norm > 0:
+        if max_grad_norm and max_grad_norm > 0 and fused_clip:
+            # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
+            # GradScaler uses to unscale), so clipping costs one read of the gradients, not three
+            opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None], max_grad_norm)
+        elif max_grad_norm and max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
         opt.step()
+        opt.__dict__.pop("grad_scale", None)
         sched.step()
         opt.zero_grad(set_to_none=True)
         # clone: CUDA-graph outputs are overwritten by the next replay
@@ -1338,6 +1353,8 @@ class BenchArgs:
     tokenizer: str = arg("", "tokenizer folder for the STS timing (bert-base-uncased's vocabulary: "
                          "any uncased BERT tokenizer)")
     seed: int = arg(0, "seed")
+    profile: str = arg("", "if given, profile 5 more project steps with torch.profiler: print the "
+                       "top kernels, the GPU's busy time per step, and write a Chrome trace to this path")
 
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM: the MFU denominator of issue 7
@@ -1354,6 +1371,27 @@ def _plain_fp32_step(model: nn.Module, params: list, opt, sched, max_grad_norm: 
         opt.zero_grad(set_to_none=True)
         return loss.detach(), {}
     return step
+
+
+def _profile_steps(step: Callable, batches: list, device: torch.device, trace: str, wall_ms: float) -> None:
+    """Where a step's time goes: the top kernels (or CPU ops), and on CUDA how much of the
+    measured wall time per step the GPU is busy (far below it: the step waits on Python)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for b in batches:
+            step(b)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=15))
+    if cuda:
+        busy_us = sum(getattr(e, "self_device_time_total", 0) for e in events
+                      if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"GPU busy {busy_us / 1e3 / len(batches):.2f} ms per step of {wall_ms:.2f} ms wall")
+    Path(trace).parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(trace)
+    print(f"Chrome trace (open in chrome://tracing or ui.perfetto.dev): {trace}")
 
 
 def cmd_bench(argv: list[str]) -> None:
@@ -1400,6 +1438,9 @@ def cmd_bench(argv: list[str]) -> None:
         print(f"{name:28s} {ms:8.2f} ms/step  {a.batch_size / ms * 1e3:9.0f} sent/s  "
               f"MFU {flops / (ms / 1e3) / H100_BF16_PEAK * 100:5.1f}%  peak {mem:5.2f} GiB  "
               f"(warm-up {warm:.1f}s, last loss {float(loss):.3f})")
+        if fast and a.profile:
+            _profile_steps(step, [device_batch(data, plan[i % len(plan)], a.max_len, device) for i in range(5)],
+                           device, a.profile, ms)
         del model, opt, step
         if device.type == "cuda":
             torch.cuda.empty_cache()

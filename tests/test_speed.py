@@ -57,6 +57,46 @@ def test_compiled_step_gives_the_eager_losses_cpu():
     assert eager[-1] < eager[0]     # the steps do train
 
 
+@pytest.mark.parametrize("scale", [10.0, 1e-3])   # clipped, and left alone (norm below max)
+def test_clip_divisor_is_clip_grad_norm(scale):
+    g = torch.Generator().manual_seed(1)
+    grads = [torch.randn(shape, generator=g) * scale for shape in [(7, 5), (5,), (1,), (3, 2, 2)]]
+    ps = [torch.zeros_like(x, requires_grad=True) for x in grads]
+    for p, x in zip(ps, grads):
+        p.grad = x.clone()
+    norm = torch.nn.utils.clip_grad_norm_(ps, 1.0)
+    d = common.clip_divisor(grads, 1.0)
+    assert d.shape == () and (float(d) > 1) == (float(norm) > 1)
+    for p, x in zip(ps, grads):
+        assert torch.allclose(x / d, p.grad, rtol=1e-6, atol=0)
+
+
+def _params_after(fused: bool, max_grad_norm: float, steps: int = 3) -> list[torch.Tensor]:
+    model = _tiny_simcse()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=fused, foreach=None if fused else False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    step = common._make_step(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1, False)
+    for i in range(steps):
+        step(_batch(16, seed=i))
+    assert not hasattr(opt, "grad_scale")     # the clip divisor is used by one step only
+    return [p.detach().clone() for p in params]
+
+
+def test_clipping_inside_fused_adamw_equals_clip_then_adamw(monkeypatch):
+    """With a fused AdamW the step clips through the optimizer's grad_scale; the weights
+    after 3 steps equal clip_grad_norm_ followed by a plain (for-loop) AdamW."""
+    ref = _params_after(fused=False, max_grad_norm=0.05)
+    unclipped = _params_after(fused=False, max_grad_norm=0.0)
+    def no_clip(*a, **k):
+        raise AssertionError("the fused path must not call clip_grad_norm_")
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", no_clip)
+    got = _params_after(fused=True, max_grad_norm=0.05)
+    # fused and for-loop AdamW round differently (about 2e-7 here); clipping moves weights by 1e-3
+    assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(ref, unclipped)) > 1e-4
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_compiled_bf16_step_matches_fp32_eager_cuda():
     """On the GPU: bf16 autocast + compile + CUDA graphs against the same steps in fp32 eager."""
@@ -127,12 +167,15 @@ def test_gather_is_identity_in_one_process():
     assert common.gather(x) is x
 
 
-def test_bench_runs_on_cpu():
+def test_bench_runs_on_cpu(tmp_path):
+    trace = tmp_path / "prof" / "trace.json"
     r = subprocess.run([sys.executable, str(ROOT / "common.py"), "bench", "--config", "tiny",
-                        "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1"],
-                       capture_output=True, text=True, timeout=300)
+                        "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1",
+                        "--profile", str(trace)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "ms/step" in r.stdout and "plain fp32 eager step" in r.stdout and "speed-up" in r.stdout
+    assert "aten::mm" in r.stdout or "aten::addmm" in r.stdout    # the profiler's table of ops
+    assert json.loads(trace.read_text())["traceEvents"]
 
 
 def test_flops_formula_bert_base():
