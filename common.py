@@ -1095,7 +1095,7 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             loss, stats = forward_backward(batch)
         if max_grad_norm and max_grad_norm > 0 and fused_clip:
             # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
-            # GradScaler uses to unscale), so clipping costs one read of the gradients, not three
+            # GradScaler uses to unscale): no separate scaling pass over the gradients
             opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None], max_grad_norm)
         elif max_grad_norm and max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
