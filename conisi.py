@@ -411,7 +411,7 @@ class ConIsI(nn.Module):
         Y = compose_pairs(x, x, self.tpl)                                     # (N, <=2L) (x_i, x_i)
         Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
         h_x, _ = self.head(self.cls(x))                                       # (N, d)
-        h_YZ = self.cls(common.concat_batches([Y, Z]))                        # (2N, d) one pass
+        h_YZ = self.cls(common.concat_batches([Y, Z], self.tpl.pad_id))       # (2N, d) one pass
         h_Y, r_Y = self.head(h_YZ[:n])                                        # (N, d), (N,)
         _, r_Z = self.head(h_YZ[n:])                                          # (N,)
         h_x, h_Y, r_Y, r_Z = (common.gather(t) for t in (h_x, h_Y, r_Y, r_Z))

@@ -194,7 +194,7 @@ def early_stop(patience: int) -> Callable[[int, float], bool] | None:
 
 def embed(encoder: nn.Module, pooler: str, cols: list[dict]) -> torch.Tensor:
     """Several column batches through the encoder in ONE forward pass, pooled -> (sum B, d)."""
-    x = common.concat_batches(cols)                                           # (sum B, L)
+    x = common.concat_batches(cols, encoder.config.pad_token_id or 0)         # (sum B, L)
     out = encoder(input_ids=x["input_ids"], attention_mask=x["attention_mask"])
     return common.pool(out, x["attention_mask"], pooler)                      # (sum B, d)
 

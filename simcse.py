@@ -118,7 +118,8 @@ class SimCSE(nn.Module):
             return simcse_loss(common.gather(h), common.gather(h_pos), self.tau)
         cols = [batch["sent0"], batch["sent1"]] + ([batch["hard_neg"]] if "hard_neg" in batch else [])
         n = cols[0]["input_ids"].shape[0]
-        z = self.embed(common.concat_batches(cols))                           # (2N or 3N, d)
+        pad_id = self.encoder.config.pad_token_id or 0
+        z = self.embed(common.concat_batches(cols, pad_id))                   # (2N or 3N, d)
         h, h_pos = common.gather(z[:n]), common.gather(z[n:2 * n])            # (N, d), (N, d)
         if len(cols) == 2:  # pairs without hard negatives: Eq. (4) with NLI positives
             return simcse_loss(h, h_pos, self.tau)

@@ -130,6 +130,28 @@ def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_hea
     assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
 
 
+def test_supervised_columns_pad_with_the_models_pad_id():
+    """sent0, sent1 and hard_neg of different widths go through one forward pass: the narrow
+    ones are padded with the encoder's own pad id (RoBERTa's is 1), the mask with 0."""
+    from types import SimpleNamespace
+
+    class Recorder(torch.nn.Module):
+        config = SimpleNamespace(hidden_size=4, pad_token_id=1)
+
+        def forward(self, input_ids, attention_mask):
+            self.seen = input_ids, attention_mask
+            return SimpleNamespace(last_hidden_state=torch.randn(*input_ids.shape, 4))
+
+    enc = Recorder()
+    cols = {k: {"input_ids": torch.full((2, w), 7), "attention_mask": torch.ones(2, w, dtype=torch.long)}
+            for k, w in [("sent0", 3), ("sent1", 5), ("hard_neg", 2)]}
+    simcse.SimCSE(enc, 0.05, supervised=True)(cols)
+    ids, mask = enc.seen
+    assert ids.shape == (6, 5)
+    assert ids[:2, 3:].eq(1).all() and ids[4:, 2:].eq(1).all() and ids[2:4].eq(7).all()
+    assert mask.sum() == 2 * (3 + 5 + 2)
+
+
 def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
     """RoBERTa (byte-level BPE, positions offset by the padding index) trains and saves too."""
     from sentence_transformers import SentenceTransformer
