@@ -890,7 +890,8 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     and saved, with `pooler`. Shared flags read from args: data, output_dir, max_steps,
     epochs, batch_size, max_len, lr, seed, eval_every, sts_dir, resume (+ weight_decay,
     max_grad_norm, log_every, compile when present). `log_extra()` adds evaluation-time
-    figures (e.g. alignment/uniformity); `should_stop(step, loss)` ends training early.
+    figures (e.g. alignment/uniformity); `should_stop(step, loss)` ends training early (its
+    state_dict(), if it has one, is saved with the checkpoint and restored on --resume).
     Returns {"best_dev": ..., "best_step": ..., "test": evaluate_sts(...) or None}."""
     out = Path(output_dir or args.output_dir)
     rank, world_size = world()
@@ -933,6 +934,8 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best, best_step = st["step"], st["best"], st["best_step"]
+        if st.get("should_stop") is not None and hasattr(should_stop, "load_state_dict"):
+            should_stop.load_state_dict(st["should_stop"])
         torch.set_rng_state(st["rng_cpu"])
         if device.type == "cuda" and st.get("rng_cuda") is not None:
             torch.cuda.set_rng_state(st["rng_cuda"])
@@ -960,6 +963,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
             _write_state(out / "last", {
                 "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                 "step": step, "best": best, "best_step": best_step,
+                "should_stop": should_stop.state_dict() if hasattr(should_stop, "state_dict") else None,
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
         barrier()

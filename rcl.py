@@ -49,7 +49,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -169,23 +168,31 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
     return -(log_s.exp() * log_s).masked_fill(diag, 0.0).sum(1).mean().detach()    # ()
 
 
-def early_stop(patience: int) -> Callable[[int, float], bool] | None:
+class EarlyStop:
     """App. A: stop an entropy model once its loss has not decreased for `patience` steps.
     NOTE(ours): the loss compared is each step's own (common.train passes it every step when
     should_stop is set), read literally; the best checkpoint by STS-B dev is the one used."""
-    if patience <= 0:
-        return None
-    best, since = math.inf, 0
 
-    def should_stop(step: int, loss: float) -> bool:
-        nonlocal best, since
-        if loss < best:
-            best, since = loss, 0
+    def __init__(self, patience: int):
+        self.patience, self.best, self.since = patience, math.inf, 0
+
+    def __call__(self, step: int, loss: float) -> bool:
+        if loss < self.best:
+            self.best, self.since = loss, 0
         else:
-            since += 1
-        return since >= patience
+            self.since += 1
+        return self.since >= self.patience
 
-    return should_stop
+    # common.train keeps this in the run's checkpoint: a resumed entropy model keeps counting
+    def state_dict(self) -> dict:
+        return {"best": self.best, "since": self.since}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.since = state["best"], state["since"]
+
+
+def early_stop(patience: int) -> EarlyStop | None:
+    return EarlyStop(patience) if patience > 0 else None
 
 
 # =====================================================================================

@@ -5,6 +5,7 @@ finished entropy models."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -212,6 +213,50 @@ def test_early_stop_patience():
     stop = rcl.early_stop(1)
     assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
     assert rcl.early_stop(0) is None
+
+
+def test_early_stop_state_round_trip():
+    losses = [5.0, 4.0, 4.5, 4.6, 4.7]
+    a = rcl.early_stop(3)
+    fired = [a(s, l) for s, l in enumerate(losses, 1)]
+    b = rcl.early_stop(3)
+    b.load_state_dict(a.state_dict())
+    # 4.0 at step 2 still the best; steps 3, 4, 5 did not beat it: a and b both fire now
+    assert fired[-1] and b(6, 4.8) and a(6, 4.8)
+    fresh = rcl.early_stop(3)
+    assert not fresh(6, 4.8)
+
+
+def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """common.train saves should_stop's state with last/ and loads it back on --resume, so
+    a restarted entropy model keeps its patience count instead of starting from zero."""
+    class Count:
+        def __init__(self):
+            self.n = 0
+
+        def __call__(self, step, loss):
+            self.n += 1
+            return False
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
+                    output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir), batch_size=8,
+                    max_steps=4, eval_every=2, max_len=16)
+    (tmp_path / "run").mkdir()
+    counts = []
+    for a in (args, dataclasses.replace(args, max_steps=6, resume=True)):
+        tok, enc = common.load_encoder(a.model)
+        data = common.tokenize_columns(a, tok, common.load_columns(a.data))
+        stop = Count()
+        common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, enc,
+                     pooler=a.pooler, should_stop=stop, final_eval=False)
+        counts.append(stop.n)
+    assert counts == [4, 6]      # 4 restored from last/, then steps 5 and 6
 
 
 # ------------------------------------------------------------------------------------
