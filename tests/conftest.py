@@ -119,3 +119,28 @@ def small_sts(sts_dir, tmp_path_factory) -> Path:
 def cache_dir(tmp_path) -> Path:
     """Token caches go here, never into ../shared."""
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def parallel(tmp_path_factory):
+    """48 English sentences of multi30k and their German translations (a short file too)."""
+    m30k = need_shared("data", "multi30k")
+    d = tmp_path_factory.mktemp("m30k")
+    en = (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:48]
+    de = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:48]
+    (d / "en.txt").write_text("\n".join(en) + "\n", encoding="utf-8")
+    (d / "de.txt").write_text("\n".join(de) + "\n", encoding="utf-8")
+    (d / "de_short.txt").write_text("\n".join(de[:40]) + "\n", encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_mbert(tmp_path_factory):
+    """A tiny 'multilingual' BERT: German + English vocabulary, the same width as tiny_bert."""
+    m30k = need_shared("data", "multi30k")
+    d = tmp_path_factory.mktemp("mbert_corpus")
+    corpus = d / "corpus.txt"
+    lines = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:3000]
+    lines += (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:1000]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_mbert"), [corpus], vocab_size=1200, hidden=32, seed=1)

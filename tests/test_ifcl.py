@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import common
 import ifcl
 import simcse
-from conftest import build_tiny_bert, need_shared
+from conftest import need_shared
 
 TAU = 0.05
 
@@ -257,30 +257,6 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
 # -------------------------------------------------------------------------------------
 # Data checks and the translate command
 # -------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def parallel(tmp_path_factory):
-    m30k = need_shared("data", "multi30k")
-    d = tmp_path_factory.mktemp("m30k")
-    en = (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:48]
-    de = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:48]
-    (d / "en.txt").write_text("\n".join(en) + "\n", encoding="utf-8")
-    (d / "de.txt").write_text("\n".join(de) + "\n", encoding="utf-8")
-    (d / "de_short.txt").write_text("\n".join(de[:40]) + "\n", encoding="utf-8")
-    return d
-
-
-@pytest.fixture(scope="module")
-def tiny_mbert(tmp_path_factory):
-    """A tiny 'multilingual' BERT: German + English vocabulary, the same width as tiny_bert."""
-    m30k = need_shared("data", "multi30k")
-    d = tmp_path_factory.mktemp("mbert_corpus")
-    corpus = d / "corpus.txt"
-    lines = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:3000]
-    lines += (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:1000]
-    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny_mbert"), [corpus], vocab_size=1200, hidden=32, seed=1)
-
 
 def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, parallel):
     base = ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 import common
 import simcse
-from conftest import ROOT
+from conftest import ROOT, need_shared
 
 
 def _tiny_simcse(seed: int = 0, dropout: float = 0.0) -> simcse.SimCSE:
@@ -186,17 +186,38 @@ def test_flops_formula_bert_base():
     assert f == 2 * 85_054_464 + 4 * 12 * 32 * 768
 
 
-def test_torchrun_two_processes_trains_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts):
-    """`torchrun --nproc_per_node 2 simcse.py` on the CPU (gloo): the whole loop under DDP,
-    evaluation and checkpoints on rank 0, the others waiting at the barrier."""
+TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtures
+    "simcse": ["simcse.py", "--data", "{wiki_head}"],
+    "simcse_nli": ["simcse.py", "--data", "{nli}"],
+    "focal_infonce": ["focal_infonce.py", "--data", "{wiki_head}"],
+    "ifcl": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data", "{parallel}/de.txt",
+             "--fraternal_model", "{tiny_mbert}", "--queue_len", "20"],
+    "conisi": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16"],
+    "rcl": ["rcl.py", "--data", "{wiki_head}", "--phi", "0.01", "0.02"],
+}
+
+
+@pytest.mark.parametrize("case", list(TORCHRUN_CASES))
+def test_torchrun_two_processes_trains_end_to_end(case, request, tmp_path, tiny_bert, small_sts):
+    """`torchrun --nproc_per_node 2 <script>.py` on the CPU (gloo), for every script: the
+    whole loop under DDP (each script's own parts too: IFCL's queue, ConIsI's BatchNorm and
+    in-batch sampling, RCL's two stages), evaluation and checkpoints on rank 0, the other rank
+    waiting at the barriers."""
+    fixtures = {name: request.getfixturevalue(name) for name in ("wiki_head", "parallel", "tiny_mbert")
+                if any("{" + name + "}" in f for f in TORCHRUN_CASES[case])}
+    if case == "simcse_nli":
+        fixtures["nli"] = need_shared("data", "nli_sample.csv")
+    script, *flags = [f.format(**fixtures) for f in TORCHRUN_CASES[case]]
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", str(_free_port()), str(ROOT / "simcse.py"),
-                        "--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
-                        "--output_dir", str(out), "--max_steps", "4", "--eval_every", "2",
-                        "--batch_size", "8", "--cache_dir", str(tmp_path / "cache")],
+                        "--master_port", str(_free_port()), str(ROOT / script), *flags,
+                        "--model", str(tiny_bert), "--sts_dir", str(small_sts), "--output_dir", str(out),
+                        "--max_steps", "4", "--eval_every", "2", "--batch_size", "8",
+                        "--cache_dir", str(tmp_path / "cache")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs if "stsb_dev" in x] == [2, 4]
     assert (out / "best" / "config.json").exists() and (out / "best" / "test_metrics.json").exists()
+    if case == "rcl":
+        assert all((out / f"entropy_phi{phi}" / "DONE.json").exists() for phi in ("0.01", "0.02"))
