@@ -57,6 +57,33 @@ def test_compiled_step_gives_the_eager_losses_cpu():
     assert eager[-1] < eager[0]     # the steps do train
 
 
+def test_failed_compilation_falls_back_to_eager(monkeypatch, capsys):
+    """A compiler that cannot run on this platform: one note, then the eager step, which
+    gives the eager losses (the failed attempt left no gradient behind)."""
+    def broken_compile(model, **kw):
+        def run(batch):
+            model(batch).backward()          # half-done work the fallback must discard
+            raise RuntimeError("inductor: no C++ compiler found\nmore detail")
+        return run
+    eager = _losses(False, "cpu")
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    got = _losses("cpu", "cpu")
+    assert got == pytest.approx(eager, rel=1e-6)
+    err = capsys.readouterr().err
+    assert err.count("the compiled step failed") == 1 and "no C++ compiler found" in err
+    assert "more detail" not in err and "--no-compile" in err
+
+
+def test_out_of_memory_says_what_to_do(capsys):
+    def main(argv):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(SystemExit) as e:
+        common.run_main(main, [])
+    assert e.value.code == 3
+    err = capsys.readouterr().err
+    assert "--batch_size" in err and "torchrun --nproc_per_node" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("scale", [10.0, 1e-3])   # clipped, and left alone (norm below max)
 def test_clip_divisor_is_clip_grad_norm(scale):
     g = torch.Generator().manual_seed(1)
