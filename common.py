@@ -743,12 +743,12 @@ def barrier() -> None:
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP over `model`. Encoders carry weights some methods never use (BERT's pooler in
-    unsupervised SimCSE), so DDP is told to look for unused parameters: otherwise the
-    gradient bucket holding them is never reduced and the ranks silently drift apart."""
+    """DDP over `model`. Every trainable parameter must get a gradient every step: a weight no
+    loss uses would leave its gradient bucket unreduced. train() freezes the one such weight
+    the encoders carry (BERT's NSP pooler), so DDP is not asked to search the autograd graph
+    for unused parameters every step; the torchrun tests run every script and its ablations."""
     return nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=True)
+        model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def gather(x: torch.Tensor) -> torch.Tensor:

@@ -157,6 +157,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     model = _tiny_simcse()
+    model.encoder.pooler.requires_grad_(False)     # as common.train() does: no loss uses it
     ddp = common.wrap_ddp(model, torch.device("cpu"))
     full = _batch(8)
     n = 8 // world
@@ -221,6 +222,12 @@ TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtur
              "--fraternal_model", "{tiny_mbert}", "--queue_len", "20"],
     "conisi": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16"],
     "rcl": ["rcl.py", "--data", "{wiki_head}", "--phi", "0.01", "0.02"],
+    # ablations that switch parts off: no trainable weight may go without a gradient under DDP
+    "conisi_lam0": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16", "--lam", "0"],
+    "ifcl_simcse_row": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_model", "unused",
+                        "--no_fraternal", "--no_queue"],
+    "ifcl_train_embeddings": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data",
+                              "{parallel}/de.txt", "--fraternal_model", "{tiny_mbert}", "--train_embeddings"],
 }
 
 
