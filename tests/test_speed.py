@@ -231,17 +231,50 @@ TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtur
 }
 
 
+def _case_argv(case: str, request) -> list[str]:
+    """The script and its flags for one of TORCHRUN_CASES, the fixtures filled in."""
+    fixtures = {name: request.getfixturevalue(name) for name in ("wiki_head", "parallel", "tiny_mbert")
+                if any("{" + name + "}" in f for f in TORCHRUN_CASES[case])}
+    if case == "simcse_nli":
+        fixtures["nli"] = need_shared("data", "nli_sample.csv")
+    return [f.format(**fixtures) for f in TORCHRUN_CASES[case]]
+
+
+@pytest.mark.parametrize("case", list(TORCHRUN_CASES))
+def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_bert, small_sts,
+                                                  monkeypatch):
+    """What torch.compile sees of each script's model on a statically padded batch: one graph
+    and no graph break (no .item(), no Python branch on a tensor), so on CUDA the whole forward
+    and backward replays as one CUDA graph. Checked after a first step, which installs
+    transformers' output-capturing hooks (IFCL reads hidden_states[0])."""
+    script, *flags = _case_argv(case, request)
+    real, seen = common.train, []
+
+    def train_then_explain(args, model, data, *a, **k):
+        res = real(args, model, data, *a, **k)
+        batch = common.device_batch(data, np.arange(args.batch_size), args.max_len, torch.device("cpu"))
+        model.train()
+        ex = torch._dynamo.explain(model)(batch)
+        seen.append((ex.graph_count, ex.graph_break_count, [str(b.reason)[:300] for b in ex.break_reasons]))
+        return res
+
+    monkeypatch.setattr(common, "train", train_then_explain)
+    torch._dynamo.reset()
+    module = __import__(script.removesuffix(".py"))
+    module.main([*flags, "--model", str(tiny_bert), "--sts_dir", str(small_sts),
+                 "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--eval_every", "1",
+                 "--batch_size", "8", "--cache_dir", str(tmp_path / "cache")])
+    torch._dynamo.reset()
+    assert seen and all(s[:2] == (1, 0) for s in seen), seen
+
+
 @pytest.mark.parametrize("case", list(TORCHRUN_CASES))
 def test_torchrun_two_processes_trains_end_to_end(case, request, tmp_path, tiny_bert, small_sts):
     """`torchrun --nproc_per_node 2 <script>.py` on the CPU (gloo), for every script: the
     whole loop under DDP (each script's own parts too: IFCL's queue, ConIsI's BatchNorm and
     in-batch sampling, RCL's two stages), evaluation and checkpoints on rank 0, the other rank
     waiting at the barriers."""
-    fixtures = {name: request.getfixturevalue(name) for name in ("wiki_head", "parallel", "tiny_mbert")
-                if any("{" + name + "}" in f for f in TORCHRUN_CASES[case])}
-    if case == "simcse_nli":
-        fixtures["nli"] = need_shared("data", "nli_sample.csv")
-    script, *flags = [f.format(**fixtures) for f in TORCHRUN_CASES[case]]
+    script, *flags = _case_argv(case, request)
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         "--master_port", str(_free_port()), str(ROOT / script), *flags,
