@@ -428,26 +428,23 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
         enc = tokenizer(list(sentences), truncation=True, max_length=max_len, padding=False,
                         return_attention_mask=False, return_token_type_ids=False)["input_ids"]
         order = np.argsort([len(x) for x in enc], kind="stable")
-        out = [None] * len(sentences)
+        out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
         pad = tokenizer.pad_token_id or 0
         for s in range(0, len(order), batch_size):
             rows = [enc[i] for i in order[s:s + batch_size]]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for j, r in enumerate(rows):
-                ids[j, :len(r)] = torch.tensor(r)
-                mask[j, :len(r)] = 1
-            ids, mask = ids.to(device), mask.to(device)
+            lengths = np.array([len(r) for r in rows])
+            mask = np.arange(lengths.max())[None, :] < lengths[:, None]           # (B, L)
+            ids = np.full(mask.shape, pad, dtype=np.int64)
+            ids[mask] = np.concatenate(rows)                                    # (B, L)
+            ids, mask = torch.from_numpy(ids).to(device), torch.from_numpy(mask).long().to(device)
             with autocast(device):
                 o = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=hidden)
                 z = pool(o, mask, pooler, mlp)                              # (B, d)
-            for j, i in enumerate(order[s:s + batch_size]):
-                out[i] = z[j].float().cpu().numpy()
+            out[order[s:s + batch_size]] = z.float().cpu().numpy()             # one copy a batch
         encoder.train(was_training)
         if mlp is not None:
             mlp.train(was_training)
-        return np.stack(out) if out else np.zeros((0, encoder.config.hidden_size), np.float32)
+        return out
 
     return encode
 
