@@ -242,20 +242,32 @@ def _case_argv(case: str, request) -> list[str]:
 
 @pytest.mark.parametrize("case", list(TORCHRUN_CASES))
 def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_bert, small_sts,
-                                                  monkeypatch):
+                                                  monkeypatch, capsys):
     """What torch.compile sees of each script's model on a statically padded batch: one graph
     and no graph break (no .item(), no Python branch on a tensor), so on CUDA the whole forward
     and backward replays as one CUDA graph. Checked after a first step, which installs
-    transformers' output-capturing hooks (IFCL reads hidden_states[0])."""
+    transformers' output-capturing hooks (IFCL reads hidden_states[0]). Then three compiled
+    steps on different batches of that shape must not recompile (a Python number in the model
+    that changes every step, say a queue pointer, would)."""
     script, *flags = _case_argv(case, request)
     real, seen = common.train, []
 
     def train_then_explain(args, model, data, *a, **k):
         res = real(args, model, data, *a, **k)
-        batch = common.device_batch(data, np.arange(args.batch_size), args.max_len, torch.device("cpu"))
+        cpu = torch.device("cpu")
+        batches = [common.device_batch(data, np.arange(i, i + args.batch_size), args.max_len, cpu)
+                   for i in range(3)]
         model.train()
-        ex = torch._dynamo.explain(model)(batch)
+        ex = torch._dynamo.explain(model)(batches[0])
         seen.append((ex.graph_count, ex.graph_break_count, [str(b.reason)[:300] for b in ex.break_reasons]))
+        # and three compiled steps on other batches of the same shape: no recompilation
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        step = common._make_step(model, params, opt, sched, cpu, 1.0, 1, "cpu")
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for b in batches:
+                step(b)
         return res
 
     monkeypatch.setattr(common, "train", train_then_explain)
@@ -266,6 +278,7 @@ def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_
                  "--batch_size", "8", "--cache_dir", str(tmp_path / "cache")])
     torch._dynamo.reset()
     assert seen and all(s[:2] == (1, 0) for s in seen), seen
+    assert "the compiled step failed" not in capsys.readouterr().err   # no eager fallback either
 
 
 @pytest.mark.parametrize("case", list(TORCHRUN_CASES))
