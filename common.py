@@ -1067,6 +1067,8 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
     fwd = model
     cuda = device.type == "cuda"
     if compile_ and (cuda or compile_ == "cpu"):
+        # NOTE(ours): no CUDA graphs under DDP, whose gradient all-reduce hooks run between
+        # the compiled pieces; a multi-GPU step is compiled but launched kernel by kernel
         mode = "reduce-overhead" if cuda and world_size == 1 else None
         fwd = torch.compile(model, mode=mode, backend="inductor" if cuda else "aot_eager")
     state = {"fwd": fwd, "compiled": fwd is not model}
