@@ -863,6 +863,22 @@ class MetricsLog:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def keep_until(self, step: int) -> None:
+        """On --resume: drop what the interrupted run logged after its checkpoint at `step`
+        (those steps are trained again), so that the log reads as one run."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by the interruption
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
+
 
 def _write_state(path: Path, state: dict) -> None:
     tmp, commit = _atomic_dir(path)
@@ -931,6 +947,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best, best_step = st["step"], st["best"], st["best_step"]
+        log.keep_until(step)
         if st.get("should_stop") is not None and hasattr(should_stop, "load_state_dict"):
             should_stop.load_state_dict(st["should_stop"])
         torch.set_rng_state(st["rng_cpu"])

@@ -193,7 +193,7 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     _run(full, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
     ref = {r["step"]: r["loss"] for r in _metrics(full / "run") if "loss" in r}
 
-    # kill the second run inside step 5 (after the checkpoint of step 4)
+    # kill the second run inside step 4 (after the checkpoint of step 2; step 3 is logged)
     real = common._make_step
     calls = {"n": 0}
 
@@ -202,7 +202,7 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
 
         def wrapped(batch):
             calls["n"] += 1
-            if calls["n"] == 5:
+            if calls["n"] == 4:
                 raise KeyboardInterrupt
             return step(batch)
         return wrapped
@@ -215,11 +215,14 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     monkeypatch.setattr(common, "_make_step", real)
     with pytest.raises(common.UserError, match="already holds a run"):
         _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+    assert [r["step"] for r in _metrics(part / "run") if "loss" in r] == [1, 2, 3]
+    with open(part / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')                       # a line cut short by the kill
     _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6", "--resume")
-    got = {}
-    for r in _metrics(part / "run"):
-        if "loss" in r:
-            got[r["step"]] = r["loss"]
+    # step 3 was trained again: the log holds it once, as if the run had not been interrupted
+    assert [(r["step"], "loss" in r) for r in _metrics(part / "run")] == \
+        [(r["step"], "loss" in r) for r in _metrics(full / "run")]
+    got = {r["step"]: r["loss"] for r in _metrics(part / "run") if "loss" in r}
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=1e-5), s
