@@ -62,12 +62,17 @@ class UserError(Exception):
 
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`; turn UserError into `error: ...` on stderr and exit status 2."""
+    """Call `main(argv)`; turn UserError into `error: ...` on stderr and exit status 2, Ctrl-C
+    and running out of GPU memory into a line that says what to do next."""
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted. What was already written is kept; a training run continues from its "
+              "last checkpoint with the same command plus --resume.", file=sys.stderr)
+        sys.exit(130)
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "
               "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "

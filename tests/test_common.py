@@ -431,3 +431,11 @@ def test_download_cli_rejects_short_wiki1m(tmp_path):
     assert r.returncode == 2
     assert "3 lines where 1000000 were expected" in r.stderr
     assert not (tmp_path / "d" / common.WIKI1M).exists()
+
+
+def test_ctrl_c_says_how_to_continue(capsys):
+    def main(argv):
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as e:
+        common.run_main(main, [])
+    assert e.value.code == 130 and "--resume" in capsys.readouterr().err
