@@ -36,7 +36,7 @@ def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
     return {"text": {"input_ids": ids * mask, "attention_mask": mask}}
 
 
-def _losses(compile_, device, steps=4, dtype_tol=None):
+def _losses(compile_, device, steps=4):
     model = _tiny_simcse().to(device)
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=1e-3, fused=device == "cuda")   # as train() builds it
