@@ -177,6 +177,12 @@ def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
     return kept
 
 
+def count_lines(path: str | Path) -> int:
+    """Lines of a file, read as bytes (any encoding, any size)."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
 def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
     """SimCSE's supervised CSV: a header `sent0,sent1[,hard_neg]`, one triplet a row."""
     path = Path(path)
@@ -382,16 +388,17 @@ def mlp_from_pooler(encoder: nn.Module, name: str | Path = "") -> MLP:
     return mlp
 
 
+def masked_mean(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the tokens the mask keeps: (N, L, d), (N, L) -> (N, d)."""
+    m = attention_mask.unsqueeze(-1).to(x.dtype)                            # (N, L, 1)
+    return (x * m).sum(1) / m.sum(1).clamp(min=1)                           # (N, d)
+
+
 def pool(out, attention_mask: torch.Tensor, pooler: str, mlp: nn.Module | None = None) -> torch.Tensor:
     """SimCSE's poolers on a Hugging Face encoder output -> (N, d).
 
     cls = [CLS] through the MLP; cls_before_pooler = raw last-layer [CLS]; avg = masked mean
     of the last layer; avg_first_last / avg_top2 need output_hidden_states=True."""
-    m = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)        # (N, L, 1)
-
-    def masked_mean(x):                                                     # (N, L, d) -> (N, d)
-        return (x * m).sum(1) / m.sum(1).clamp(min=1)
-
     if pooler == "cls_before_pooler":
         return out.last_hidden_state[:, 0]
     if pooler == "cls":
@@ -399,11 +406,11 @@ def pool(out, attention_mask: torch.Tensor, pooler: str, mlp: nn.Module | None =
             raise ValueError("pooler 'cls' needs the MLP")
         return mlp(out.last_hidden_state[:, 0])
     if pooler == "avg":
-        return masked_mean(out.last_hidden_state)
+        return masked_mean(out.last_hidden_state, attention_mask)
     if pooler == "avg_first_last":
-        return masked_mean((out.hidden_states[1] + out.hidden_states[-1]) / 2)
+        return masked_mean((out.hidden_states[1] + out.hidden_states[-1]) / 2, attention_mask)
     if pooler == "avg_top2":
-        return masked_mean((out.hidden_states[-1] + out.hidden_states[-2]) / 2)
+        return masked_mean((out.hidden_states[-1] + out.hidden_states[-2]) / 2, attention_mask)
     raise ValueError(f"unknown pooler {pooler!r}; one of {POOLERS}")
 
 
@@ -636,6 +643,14 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
             shutil.rmtree(old)
 
     return tmp, commit
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a small file through a temporary name: a kill leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def recover_dir(final: Path) -> Path:
@@ -880,9 +895,7 @@ class MetricsLog:
                     kept.append(line + "\n")
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by the interruption
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(kept))
 
 
 def _write_state(path: Path, state: dict) -> None:
@@ -1118,12 +1131,14 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             state["fwd"], state["compiled"] = model, False
             opt.zero_grad(set_to_none=True)
             loss, stats = forward_backward(batch)
-        if max_grad_norm and max_grad_norm > 0 and fused_clip:
-            # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
-            # GradScaler uses to unscale): no separate scaling pass over the gradients
-            opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None], max_grad_norm)
-        elif max_grad_norm and max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+        if max_grad_norm and max_grad_norm > 0:
+            if fused_clip:
+                # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
+                # GradScaler uses to unscale): no separate scaling pass over the gradients
+                opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None],
+                                              max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
         opt.step()
         opt.__dict__.pop("grad_scale", None)
         sched.step()
@@ -1160,8 +1175,7 @@ def _fetch(url: str, dest: Path) -> None:
 def check_wiki1m(path: Path, expected_lines: int | None = None, name: str = WIKI1M) -> None:
     """wiki1m is whole when it has exactly 1,000,000 lines (no checksum could be verified here)."""
     expected = expected_lines or WIKI1M_LINES
-    with open(path, "rb") as f:
-        lines = sum(1 for _ in f)
+    lines = count_lines(path)
     if lines != expected:
         raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
                         f"is incomplete or corrupted. Run `python common.py download` again.")

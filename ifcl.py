@@ -164,9 +164,7 @@ def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tens
     emb_pos use the anchor's mask, emb_frat the fused (union) mask. Returns (N,), detached.
     NOTE(ours): the paper gives no pooling for sim(emb_i, emb_i^+); we take the masked mean
     over tokens, then cosine. Detached: M_i is a target, not a path for gradient."""
-    def mean(x, m):                                                          # (N, L, d) -> (N, d)
-        m = m.unsqueeze(-1).to(x.dtype)                                      # (N, L, 1)
-        return (x * m).sum(1) / m.sum(1).clamp(min=1)
+    mean = common.masked_mean
     e, e_pos, e_frat = mean(emb, mask), mean(emb_pos, mask), mean(emb_frat, mask_frat)  # (N, d) x3
     s_pos = F.cosine_similarity(e, e_pos, dim=-1).float()                    # (N,)  sim(emb_i, emb_i^+)
     s_frat = F.cosine_similarity(e, e_frat, dim=-1).float()                  # (N,)  sim(emb_i, emb_i^-)
@@ -337,11 +335,6 @@ def read_fraternal(args: Args, n: int) -> list[str]:
     return de
 
 
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
-
-
 def translate(argv: list[str]) -> Path:
     """Translate --data into --out with a seq2seq model: batched, with a progress bar, and
     resumable. Lines go to <out>.part (flushed after each batch) beside <out>.part.json, which
@@ -355,7 +348,7 @@ def translate(argv: list[str]) -> Path:
     out = Path(a.out)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     if out.exists():
-        k = _count_lines(out)
+        k = common.count_lines(out)
         if k == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
             return out
@@ -380,9 +373,7 @@ def translate(argv: list[str]) -> Path:
         print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = meta.with_name(meta.name + ".tmp")
-        tmp.write_text(json.dumps(key, indent=2))
-        os.replace(tmp, meta)
+        common.write_text_atomic(meta, json.dumps(key, indent=2))
         part.write_bytes(b"")
 
     if done < len(src):
@@ -420,8 +411,9 @@ def translate(argv: list[str]) -> Path:
         if empty:
             print(f"note: {empty} empty translations were replaced by their English line",
                   file=sys.stderr)
-    if _count_lines(part) != len(src):
-        raise UserError(f"{part}: {_count_lines(part)} lines where {len(src)} were expected; "
+    n_out = common.count_lines(part)
+    if n_out != len(src):
+        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected; "
                         f"delete it and {meta} and translate again.")
     os.replace(part, out)
     meta.unlink(missing_ok=True)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,9 +324,7 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     if main_proc:
         rec = {**marker_record(args, phi), "steps": res["steps"], "best_dev": res["best_dev"],
                "best_step": res["best_step"]}
-        tmp = folder / f".{DONE}.tmp"
-        tmp.write_text(json.dumps(rec, indent=2))
-        os.replace(tmp, folder / DONE)
+        common.write_text_atomic(folder / DONE, json.dumps(rec, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
         shutil.rmtree(folder / "last", ignore_errors=True)
