@@ -33,6 +33,7 @@ import hashlib
 import io
 import json
 import os
+import warnings
 import random
 import shutil
 import sys
@@ -948,8 +949,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
         enc_pooler.requires_grad_(False)
     model.train()  # from_pretrained() hands the encoder back in eval mode: dropout would be off
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=getattr(args, "weight_decay", 0.0),
-                            fused=device.type == "cuda")
+    opt = make_optimizer(params, args.lr, getattr(args, "weight_decay", 0.0), device)
     # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
     train_model = wrap_ddp(model, device) if world_size > 1 else model
@@ -1029,7 +1029,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                     break
                 mean_loss = float(loss_sum) / loss_count
                 dt = time.perf_counter() - t0
-                rec = {"step": step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
+                rec = {"step": step, "loss": mean_loss, "lr": float(sched.get_last_lr()[0]),
                        "sent_per_s": seen / dt if dt > 0 else 0.0, "epoch": epoch}
                 rec.update({k: float(v) / loss_count for k, v in stats_sum.items()})
                 if main_proc:
@@ -1085,40 +1085,86 @@ def clip_divisor(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return torch.clamp((total + 1e-6) / max_norm, min=1.0)                    # ()
 
 
+def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
+    """AdamW as every script trains with it. On CUDA: the fused kernel (one pass over weights,
+    gradients and moments), built capturable with the learning rate in a GPU tensor, so that
+    the step can be replayed from a CUDA graph and still see the scheduler's lr (the scheduler
+    writes into that tensor). Elsewhere: the plain AdamW with a float lr."""
+    if device.type == "cuda":
+        return torch.optim.AdamW(params, lr=torch.tensor(lr, device=device), weight_decay=weight_decay,
+                                 fused=True, capturable=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+# warm-up steps capturable=True runs outside a graph are expected: silence its one-time advice
+warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
+
+def _attention_backends():
+    """The attention kernels a training step may use: every one PyTorch has but cuDNN's.
+    NOTE(ours): at 32 tokens PyTorch picks cuDNN's attention on an H100, and it took 1.9 ms of
+    a 10.5 ms bert-base step; the memory-efficient kernel that comes next takes 1.2 ms (`bench
+    --profile`). Nothing changes on a CPU, which has no cuDNN attention."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+GRAPH_WARMUP = 2  # steps run normally before the capture: the first compiles, the second settles
+
+
 def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float,
                world_size: int, compile_: bool | str = False) -> Callable[[dict], tuple[torch.Tensor, dict]]:
     """One training step: forward under autocast, backward, clip, AdamW, scheduler.
 
-    On CUDA with compile_ the forward and backward are compiled by torch.compile with CUDA
-    graphs ("reduce-overhead": the whole fwd+bwd replays as one graph launch, which is what a
-    small-batch step needs to stop waiting on Python) over static shapes (every batch padded to
-    --max_len). compile_="cpu" compiles on the CPU too (tests, with the aot_eager backend).
-    If compilation fails, the step says so once and runs eager.
+    compile_ compiles the forward and backward with torch.compile (inductor on CUDA;
+    compile_="cpu" compiles on the CPU too, with the aot_eager backend, for the tests). If
+    compilation fails, the step says so once and runs eager.
+
+    On CUDA (one process, compile_ on, an optimizer from make_optimizer) the whole step is
+    then captured once in a CUDA graph, after GRAPH_WARMUP normal steps: forward, backward,
+    clipping and the AdamW update replay as one launch per batch instead of about 1,500
+    kernel launches from Python, which at batch 64 take longer than the GPU's work. The
+    replay reads the batch from fixed buffers (every batch has the shape of the captured
+    one: train() pads to --max_len on CUDA; a batch of another shape runs uncaptured) and
+    draws fresh dropout each time (CUDA graphs advance the RNG offset per replay). If the
+    capture fails, the step says so once and goes on uncaptured.
 
     Under DDP each rank computes the same global loss from gathered embeddings and keeps only
     its own shard's gradient; DDP averages over ranks, so the loss is scaled by the world size
     to give exactly the one-process gradient. With a fused AdamW the gradient clipping happens
-    inside the optimizer's kernel (see clip_divisor). Nothing here waits on the GPU."""
+    inside the optimizer's kernel (see clip_divisor). Nothing here waits on the GPU, except
+    the capture itself, once."""
     fwd = model
     cuda = device.type == "cuda"
     if compile_ and (cuda or compile_ == "cpu"):
-        # NOTE(ours): no CUDA graphs under DDP, whose gradient all-reduce hooks run between
-        # the compiled pieces; a multi-GPU step is compiled but launched kernel by kernel
-        mode = "reduce-overhead" if cuda and world_size == 1 else None
-        fwd = torch.compile(model, mode=mode, backend="inductor" if cuda else "aot_eager")
-    state = {"fwd": fwd, "compiled": fwd is not model}
+        fwd = torch.compile(model, backend="inductor" if cuda else "aot_eager")
+    state: dict[str, Any] = {"fwd": fwd, "compiled": fwd is not model, "calls": 0, "graph": None}
     fused_clip = all(g.get("fused") for g in opt.param_groups)
+    # NOTE(ours): no CUDA graph under DDP, whose gradient all-reduce hooks run between the
+    # pieces of the backward; a multi-GPU step is compiled but launched kernel by kernel
+    use_graph = (cuda and bool(compile_) and world_size == 1
+                 and all(g.get("capturable") and torch.is_tensor(g["lr"]) for g in opt.param_groups))
 
     def forward_backward(batch):
-        if state["compiled"] and cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        with autocast(device):
+        with autocast(device), _attention_backends():
             out = state["fwd"](batch)
         loss, stats = (out if isinstance(out, tuple) else (out, {}))
         (loss * world_size).backward()
         return loss, stats
 
-    def step(batch):
+    def clip_and_update():
+        if max_grad_norm and max_grad_norm > 0:
+            if fused_clip:
+                # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
+                # GradScaler uses to unscale): no separate scaling pass over the gradients
+                opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None],
+                                              max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+        opt.step()
+        opt.__dict__.pop("grad_scale", None)
+
+    def uncaptured(batch):
+        opt.zero_grad(set_to_none=True)   # after a replay .grad is the graph's memory: start afresh
         try:
             loss, stats = forward_backward(batch)
         except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
@@ -1131,20 +1177,63 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             state["fwd"], state["compiled"] = model, False
             opt.zero_grad(set_to_none=True)
             loss, stats = forward_backward(batch)
-        if max_grad_norm and max_grad_norm > 0:
-            if fused_clip:
-                # fused AdamW divides each gradient by opt.grad_scale as it reads it (the hook
-                # GradScaler uses to unscale): no separate scaling pass over the gradients
-                opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None],
-                                              max_grad_norm)
-            else:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-        opt.step()
-        opt.__dict__.pop("grad_scale", None)
-        sched.step()
+        clip_and_update()
+        # clone: the loss must outlive this step's buffers
+        out = loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
         opt.zero_grad(set_to_none=True)
-        # clone: CUDA-graph outputs are overwritten by the next replay
+        return out
+
+    def capture(batch):
+        static = {k: {kk: vv.clone() for kk, vv in col.items()} for k, col in batch.items()}
+        opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                loss, stats = forward_backward(static)
+                clip_and_update()
+        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            print(f"note: capturing the step in a CUDA graph failed ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}); running it uncaptured (slower)", file=sys.stderr)
+            opt.__dict__.pop("grad_scale", None)
+            opt.zero_grad(set_to_none=True)
+            return False
+        state.update(graph=graph, static=static, out=(loss, stats))
+        return True
+
+    def same_shapes(batch) -> bool:
+        st = state["static"]
+        return batch.keys() == st.keys() and all(
+            col.keys() == st[k].keys() and all(v.shape == st[k][kk].shape for kk, v in col.items())
+            for k, col in batch.items())
+
+    def replay(batch):
+        for k, col in batch.items():
+            for kk, v in col.items():
+                state["static"][k][kk].copy_(v, non_blocking=True)
+        state["graph"].replay()
+        loss, stats = state["out"]
         return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
+
+    def step(batch):
+        state["calls"] += 1
+        if use_graph and state["graph"] is None and state["calls"] == GRAPH_WARMUP + 1:
+            if not capture(batch):
+                state["calls"] = -1 << 60   # never try again
+        if state["graph"] is not None and same_shapes(batch):
+            out = replay(batch)
+        elif use_graph and state["graph"] is None and state["calls"] > 0:
+            # warm-up on a side stream, as CUDA graph capture asks (lazy handles, allocations)
+            side = state.setdefault("side", torch.cuda.Stream())
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = uncaptured(batch)
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            out = uncaptured(batch)
+        sched.step()
+        return out
 
     return step
 
@@ -1425,8 +1514,9 @@ def _profile_steps(step: Callable, batches: list, device: torch.device, trace: s
     events = prof.key_averages()
     print(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=15))
     if cuda:
-        busy_us = sum(getattr(e, "self_device_time_total", 0) for e in events
-                      if e.device_type == torch.autograd.DeviceType.CUDA)
+        busy_us = sum(e.self_device_time_total for e in events   # kernels and copies, not the
+                      if e.device_type == torch.autograd.DeviceType.CUDA  # ranges around them
+                      and not e.is_user_annotation)
         print(f"GPU busy {busy_us / 1e3 / len(batches):.2f} ms per step of {wall_ms:.2f} ms wall")
     Path(trace).parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(trace)
@@ -1456,7 +1546,8 @@ def cmd_bench(argv: list[str]) -> None:
         model = SimCSE(enc, 0.05, supervised=False).to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         total = a.steps + a.warmup
-        opt = torch.optim.AdamW(params, lr=3e-5, fused=fast and device.type == "cuda")
+        opt = (make_optimizer(params, 3e-5, 0.0, device) if fast
+               else torch.optim.AdamW(params, lr=3e-5))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
         step = (_make_step(model, params, opt, sched, device, 1.0, 1, a.compile) if fast
                 else _plain_fp32_step(model, params, opt, sched))

@@ -39,7 +39,7 @@ def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
 def _losses(compile_, device, steps=4):
     model = _tiny_simcse().to(device)
     params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=1e-3, fused=device == "cuda")   # as train() builds it
+    opt = common.make_optimizer(params, 1e-3, 0.0, torch.device(device))   # as train() builds it
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     step = common._make_step(model, params, opt, sched, torch.device(device), 1.0, 1, compile_)
     out = []
@@ -126,10 +126,46 @@ def test_clipping_inside_fused_adamw_equals_clip_then_adamw(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_compiled_bf16_step_matches_fp32_eager_cuda():
-    """On the GPU: bf16 autocast + compile + CUDA graphs against the same steps in fp32 eager."""
+    """On the GPU: bf16 autocast + compile + the CUDA-graph replay (steps 3 to 6) against the
+    same steps in fp32 eager."""
     fast = _losses(True, "cuda", steps=6)
     ref = _losses_fp32_cuda(6)
     assert np.allclose(fast, ref, rtol=2e-2, atol=2e-2), (fast, ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_cuda_graph_replay_reads_the_batch_the_lr_and_fresh_dropout(dropout, monkeypatch, capsys):
+    """After GRAPH_WARMUP steps every step is one replay of the captured graph. With the lr
+    scheduled to 0 the weights stay put (the schedule reaches the replay), so two replays of
+    one batch differ by dropout alone: equal without dropout, different with it; a new batch
+    gives a new loss (the replay reads the batch buffers)."""
+    replays = []
+    real = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), real(self))[1])
+    cuda = torch.device("cuda")
+    model = _tiny_simcse(dropout=dropout).cuda()
+    params = list(model.parameters())
+    opt = common.make_optimizer(params, 1e-3, 0.0, cuda)
+    factor = [1.0]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor[0])
+    step = common._make_step(model, params, opt, sched, cuda, 1.0, 1, True)
+    b0, b1 = ({k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
+              for i in (0, 1))
+    for _ in range(common.GRAPH_WARMUP + 1):
+        step(b0)
+    assert len(replays) == 1
+    w0 = [p.detach().clone() for p in params]
+    factor[0] = 0.0
+    step(b0)                                           # still at lr 1e-3; the schedule then says 0
+    assert not all(torch.equal(p, q) for p, q in zip(params, w0))
+    w1 = [p.detach().clone() for p in params]
+    la, lb, lc = (float(step(b)[0]) for b in (b0, b0, b1))
+    assert all(torch.equal(p, q) for p, q in zip(params, w1))
+    assert (la != lb) == (dropout > 0)
+    assert lc != la
+    assert len(replays) == 5
+    assert "failed" not in capsys.readouterr().err
 
 
 def _losses_fp32_cuda(steps):
@@ -244,8 +280,8 @@ def _case_argv(case: str, request) -> list[str]:
 def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_bert, small_sts,
                                                   monkeypatch, capsys):
     """What torch.compile sees of each script's model on a statically padded batch: one graph
-    and no graph break (no .item(), no Python branch on a tensor), so on CUDA the whole forward
-    and backward replays as one CUDA graph. Checked after a first step, which installs
+    and no graph break (no .item(), no Python branch on a tensor, nothing that would stop a
+    CUDA-graph capture of the step on the GPU). Checked after a first step, which installs
     transformers' output-capturing hooks (IFCL reads hidden_states[0]). Then three compiled
     steps on different batches of that shape must not recompile (a Python number in the model
     that changes every step, say a queue pointer, would)."""
