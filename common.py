@@ -1121,7 +1121,7 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
 
     On CUDA (one process, compile_ on, an optimizer from make_optimizer) the whole step is
     then captured once in a CUDA graph, after GRAPH_WARMUP normal steps: forward, backward,
-    clipping and the AdamW update replay as one launch per batch instead of about 1,500
+    clipping and the AdamW update replay as one launch per batch instead of about 850
     kernel launches from Python, which at batch 64 take longer than the GPU's work. The
     replay reads the batch from fixed buffers (every batch has the shape of the captured
     one: train() pads to --max_len on CUDA; a batch of another shape runs uncaptured) and
