@@ -1163,6 +1163,10 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
         opt.step()
         opt.__dict__.pop("grad_scale", None)
 
+    def kept(loss, stats):
+        """Copies that outlive the step (a replay overwrites the graph's outputs)."""
+        return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
+
     def uncaptured(batch):
         opt.zero_grad(set_to_none=True)   # after a replay .grad is the graph's memory: start afresh
         try:
@@ -1178,8 +1182,7 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             opt.zero_grad(set_to_none=True)
             loss, stats = forward_backward(batch)
         clip_and_update()
-        # clone: the loss must outlive this step's buffers
-        out = loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
+        out = kept(loss, stats)
         opt.zero_grad(set_to_none=True)
         return out
 
@@ -1213,8 +1216,7 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
             for kk, v in col.items():
                 state["static"][k][kk].copy_(v, non_blocking=True)
         state["graph"].replay()
-        loss, stats = state["out"]
-        return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
+        return kept(*state["out"])
 
     def step(batch):
         state["calls"] += 1
