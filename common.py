@@ -1137,12 +1137,17 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
     cuda = device.type == "cuda"
     if compile_ and (cuda or compile_ == "cpu"):
         fwd = torch.compile(model, backend="inductor" if cuda else "aot_eager")
-    state: dict[str, Any] = {"fwd": fwd, "compiled": fwd is not model, "calls": 0, "graph": None}
     fused_clip = all(g.get("fused") for g in opt.param_groups)
     # NOTE(ours): no CUDA graph under DDP, whose gradient all-reduce hooks run between the
     # pieces of the backward; a multi-GPU step is compiled but launched kernel by kernel
     use_graph = (cuda and bool(compile_) and world_size == 1
                  and all(g.get("capturable") and torch.is_tensor(g["lr"]) for g in opt.param_groups))
+    # warming_up: steps before the one capture attempt (on CUDA graphs' side stream)
+    state: dict[str, Any] = {"fwd": fwd, "compiled": fwd is not model, "calls": 0, "graph": None,
+                             "warming_up": use_graph}
+
+    def brief(e: Exception) -> str:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
     def forward_backward(batch):
         with autocast(device), _attention_backends():
@@ -1176,8 +1181,8 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
         except Exception as e:  # a platform where the compiler cannot run: fall back to eager
             if not state["compiled"]:
                 raise
-            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
+            print(f"note: the compiled step failed ({brief(e)}); running eager from here on "
+                  f"(pass --no-compile to skip compiling)", file=sys.stderr)
             state["fwd"], state["compiled"] = model, False
             opt.zero_grad(set_to_none=True)
             loss, stats = forward_backward(batch)
@@ -1197,13 +1202,12 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
         except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as e:
-            print(f"note: capturing the step in a CUDA graph failed ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:200]}); running it uncaptured (slower)", file=sys.stderr)
+            print(f"note: capturing the step in a CUDA graph failed ({brief(e)}); running it "
+                  f"uncaptured (slower)", file=sys.stderr)
             opt.__dict__.pop("grad_scale", None)
             opt.zero_grad(set_to_none=True)
-            return False
+            return
         state.update(graph=graph, static=static, out=(loss, stats))
-        return True
 
     def same_shapes(batch) -> bool:
         st = state["static"]
@@ -1220,12 +1224,12 @@ def _make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
 
     def step(batch):
         state["calls"] += 1
-        if use_graph and state["graph"] is None and state["calls"] == GRAPH_WARMUP + 1:
-            if not capture(batch):
-                state["calls"] = -1 << 60   # never try again
+        if state["warming_up"] and state["calls"] > GRAPH_WARMUP:
+            state["warming_up"] = False
+            capture(batch)                    # once; on failure the step stays uncaptured
         if state["graph"] is not None and same_shapes(batch):
             out = replay(batch)
-        elif use_graph and state["graph"] is None and state["calls"] > 0:
+        elif state["warming_up"]:
             # warm-up on a side stream, as CUDA graph capture asks (lazy handles, allocations)
             side = state.setdefault("side", torch.cuda.Stream())
             side.wait_stream(torch.cuda.current_stream())
