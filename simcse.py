@@ -44,10 +44,11 @@ class Args:
     max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
     epochs: int = arg(1, "passes over the data", "paper App. A")
     batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "paper App. A")
-    max_len: int = arg(32, "tokens per training sentence", "paper App. A")
+    max_len: int = arg(32, "tokens per training sentence (run_unsup_example.sh)", "official code")
     lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper App. A")
     seed: int = arg(42, "seed for python, numpy and torch", "official code")
-    eval_every: int = arg(125, "steps between STS-B dev evaluations", "paper App. A")
+    eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
+                          "paper's App. A says every 250)", "official code")
     sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1")
