@@ -29,8 +29,9 @@ Under DDP (torchrun): each rank encodes its own N/K sentences x_i and builds the
 and Z_i locally (for `s`, c_i is drawn from the rank's own shard, so a shard needs at least two
 sentences). h_x, h_Y, r_Y and r_Z all pass through common.gather, so Eq. (3)-(4) see the
 global N x N matrix and Eq. (8)-(9) average over all N pairs, as in one process. On CUDA the
-head's BatchNorm becomes SyncBatchNorm, so its statistics are over the global batch too; on
-CPU (gloo) each rank normalises over its own shard.
+head's BatchNorm becomes SyncBatchNorm, so its statistics are over the global batch too (x over
+the global N; Y and Z together over the global 2N, or each over the global N with --bn
+separate); on CPU (gloo) each rank normalises over its own shard.
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ class Args:
     sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3")
-    lam: float = arg(0.8, "weight of the interactive loss, Eq. (10)", "paper Tab. 3")
+    lam: float = arg(0.8, "weight of the interactive loss, Eq. (10); the paper uses 0.8 for "
+                     "BERT-base and 0.1 for RoBERTa-base and BERT-large", "paper Tab. 3")
     strategy: str = arg("s", "how c_i of Z_i = (x_i, c_i) is built: s = another sentence of the "
                         "batch, o1 = subword replacement, o2 = WordNet antonyms", "paper Sec. 3.2",
                         choices=["s", "o1", "o2"])
+    # NOTE(ours): joint by default: normalised apart, Y and Z leave BN with the same mean per
+    # feature, so Eq. (8) can only be won by distorting [CLS]; separate = x, Y, Z each a batch of N
+    bn: str = arg("joint", "BatchNorm batches of the head g: joint = x alone (N), Y and Z "
+                  "together (2N, encoder 2's one pass); separate = x, Y and Z each alone (N)",
+                  "ours", choices=["joint", "separate"])
     dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3")
     replace_share: float = arg(0.15, "o1: share of subword tokens chosen; o2: share of words "
                                "(at least one either way)", "ours")
@@ -350,10 +357,12 @@ def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, 
 class ConIsI(nn.Module):
     def __init__(self, encoder: nn.Module, tpl: PairTemplate, tau: float, lam: float,
                  strategy: str, special_ids: list[int], vocab_size: int,
-                 replace_share: float = 0.15, random_share: float = 0.8):
+                 replace_share: float = 0.15, random_share: float = 0.8, bn: str = "joint"):
         super().__init__()
+        if bn not in ("joint", "separate"):
+            raise UserError(f"--bn {bn}: choose joint or separate.")
         self.encoder, self.tpl, self.tau, self.lam, self.strategy = encoder, tpl, tau, lam, strategy
-        self.replace_share, self.random_share = replace_share, random_share
+        self.replace_share, self.random_share, self.bn = replace_share, random_share, bn
         d = encoder.config.hidden_size
         # Eq. (2): g(h) = ELU(BN_1(W_1 h + b_1)); Eq. (6) reuses W_1, b_1 and BN_1 (shared)
         self.g = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
@@ -372,8 +381,8 @@ class ConIsI(nn.Module):
         return out.last_hidden_state[:, 0]                                    # (B, d)
 
     def head(self, h_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """g and f on ONE encoding's batch: BatchNorm sees that batch alone."""
-        # NOTE(ours): BN normalises x, Y and Z each as its own batch of N (methods.md)
+        """g and f on one batch of [CLS] rows: BatchNorm's statistics are over exactly these rows
+        (x: N rows; Y and Z: see head_pairs)."""
         if self.training and h_cls.shape[0] < 2:
             raise UserError("the ConIsI head's BatchNorm needs at least 2 sentences per batch and "
                             "process in training. Raise --batch_size.")
@@ -382,6 +391,17 @@ class ConIsI(nn.Module):
         # Eq. (7): r = W_3 h + b_3, one logit per pair
         r = self.w3(h).squeeze(-1)                                            # (N,)
         return h, r
+
+    def head_pairs(self, h_YZ: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """g and f on the pairs' [CLS] rows, Y_1..Y_N then Z_1..Z_N: (h_Y, r_Y, r_Z)."""
+        n = h_YZ.shape[0] // 2
+        if self.bn == "separate":  # --bn separate: Y and Z each their own batch of N
+            h_Y, r_Y = self.head(h_YZ[:n])                                    # (N, d), (N,)
+            _, r_Z = self.head(h_YZ[n:])                                      # (N,)
+            return h_Y, r_Y, r_Z
+        # NOTE(ours): BN over Y and Z together, one batch of 2N (encoder 2's one pass; why: Args.bn)
+        g_YZ, r_YZ = self.head(h_YZ)                                          # (2N, d), (2N,)
+        return g_YZ[:n], r_YZ[:n], r_YZ[n:]                                   # (N, d), (N,), (N,)
 
     def make_c(self, batch: dict) -> dict[str, torch.Tensor]:
         """c_i for Z_i = (x_i, c_i), per --strategy, as a single-sentence batch."""
@@ -407,13 +427,11 @@ class ConIsI(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = batch["text"]                                                     # (N, L)
-        n = x["input_ids"].shape[0]
         Y = compose_pairs(x, x, self.tpl)                                     # (N, <=2L) (x_i, x_i)
         Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
-        h_x, _ = self.head(self.cls(x))                                       # (N, d)
+        h_x, _ = self.head(self.cls(x))                                       # (N, d) BN over x alone
         h_YZ = self.cls(common.concat_batches([Y, Z], self.tpl.pad_id))       # (2N, d) one pass
-        h_Y, r_Y = self.head(h_YZ[:n])                                        # (N, d), (N,)
-        _, r_Z = self.head(h_YZ[n:])                                          # (N,)
+        h_Y, r_Y, r_Z = self.head_pairs(h_YZ)                                 # (N, d), (N,), (N,)
         h_x, h_Y, r_Y, r_Z = (common.gather(t) for t in (h_x, h_Y, r_Y, r_Z))
         loss = conisi_loss(h_x, h_Y, r_Y, r_Z, self.tau, self.lam)
         with torch.no_grad():
@@ -477,7 +495,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = common.tokenize_columns(args, tokenizer, columns)
     vocab = min(len(tokenizer), encoder.get_input_embeddings().num_embeddings)
     model = ConIsI(encoder, tpl, args.tau, args.lam, args.strategy, tokenizer.all_special_ids,
-                   vocab, args.replace_share, args.random_share).to(device)
+                   vocab, args.replace_share, args.random_share, args.bn).to(device)
     if common.world()[1] > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     paper, name = paper_numbers(args.strategy, args.lam)

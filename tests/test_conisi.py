@@ -303,12 +303,38 @@ def test_read_antonym_table(tmp_path):
 def tiny_model(tiny_bert, tiny_tok):
     from transformers import AutoModel
 
-    def make(strategy="s", lam=0.8, tau=0.05):
+    def make(strategy="s", lam=0.8, tau=0.05, **kw):
         torch.manual_seed(0)
         enc = AutoModel.from_pretrained(str(tiny_bert))
         return conisi.ConIsI(enc, conisi.pair_template(tiny_tok), tau, lam, strategy,
-                             tiny_tok.all_special_ids, len(tiny_tok))
+                             tiny_tok.all_special_ids, len(tiny_tok), **kw)
     return make
+
+
+def ref_g(m, h_cls):
+    """Eq. (2) by hand, BatchNorm's training statistics written out: mean and biased variance
+    over exactly the rows given, per feature."""
+    lin, bn = m.g[0], m.g[1]
+    z = h_cls @ lin.weight.T + lin.bias                                # W_1 h + b_1
+    mu = z.sum(0) / z.shape[0]
+    var = ((z - mu) ** 2).sum(0) / z.shape[0]
+    return F.elu((z - mu) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias)
+
+
+def ref_r(m, h):
+    """Eq. (7) by hand, row by row: r_i = w_3 . h_i + b_3."""
+    return torch.stack([h[i] @ m.w3.weight[0] + m.w3.bias[0] for i in range(h.shape[0])])
+
+
+def ref_pairs(m, c_Y, c_Z, reading):
+    """(h_Y, r_Y, r_Z) from the pairs' [CLS] rows under one BatchNorm reading."""
+    n = c_Y.shape[0]
+    if reading == "joint":                                             # one batch of 2N
+        g = ref_g(m, torch.cat([c_Y, c_Z]))
+        g_Y, g_Z = g[:n], g[n:]
+    else:                                                              # two batches of N
+        g_Y, g_Z = ref_g(m, c_Y), ref_g(m, c_Z)
+    return g_Y, ref_r(m, g_Y), ref_r(m, g_Z)
 
 
 def test_head_is_eq2_and_eq7(tiny_model):
@@ -316,21 +342,56 @@ def test_head_is_eq2_and_eq7(tiny_model):
     m.train()
     h_cls = torch.randn(6, 32)
     h, r = m.head(h_cls)
-    lin, bn = m.g[0], m.g[1]
-    z = h_cls @ lin.weight.T + lin.bias                                # W_1 h + b_1
-    z = (z - z.mean(0)) / torch.sqrt(z.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
-    assert torch.allclose(h, F.elu(z), atol=1e-5)                      # Eq. (2)
+    assert torch.allclose(h, ref_g(m, h_cls), atol=1e-5)               # Eq. (2)
     assert r.shape == (6,)
-    assert torch.allclose(r, h @ m.w3.weight[0] + m.w3.bias, atol=1e-6)  # Eq. (7), d -> 1
-    # BatchNorm uses the statistics of the batch it is given: x, Y and Z are normalised apart
-    mixed = m.head(torch.cat([h_cls, 5 + torch.randn(6, 32)]))[0][:6]
-    assert not torch.allclose(mixed, h, atol=1e-3)
+    assert torch.allclose(r, ref_r(m, h), atol=1e-5)                   # Eq. (7), d -> 1
     with pytest.raises(UserError, match="--batch_size"):
         m.head(torch.randn(1, 32))
 
 
-def test_forward_gives_every_parameter_a_gradient(tiny_model, tiny_tok):
-    m = tiny_model("o1")
+@pytest.mark.parametrize("reading", ["joint", "separate"])
+def test_head_pairs_batchnorm_reading(reading, tiny_model):
+    """--bn joint (the default): Y and Z are one BatchNorm batch of 2N; --bn separate: two of N.
+    Z is shifted away from Y, so the two readings give clearly different outputs."""
+    m = tiny_model() if reading == "joint" else tiny_model(bn="separate")
+    assert m.bn == reading
+    m.train()
+    g = torch.Generator().manual_seed(4)
+    c_Y, c_Z = torch.randn(5, 32, generator=g), 3 + 2 * torch.randn(5, 32, generator=g)
+    h_Y, r_Y, r_Z = m.head_pairs(torch.cat([c_Y, c_Z]))
+    assert h_Y.shape == (5, 32) and r_Y.shape == (5,) and r_Z.shape == (5,)
+    other = {"joint": "separate", "separate": "joint"}[reading]
+    for got, want, wrong in zip((h_Y, r_Y, r_Z), ref_pairs(m, c_Y, c_Z, reading),
+                                ref_pairs(m, c_Y, c_Z, other)):
+        assert torch.allclose(got.detach(), want, atol=1e-5)
+        assert not torch.allclose(got.detach(), wrong, atol=1e-2)
+    # the defect of the separate reading: after BN, Y and Z have the same mean per feature
+    # (beta), so only ELU's curvature is left to tell the two batches apart in r
+    with torch.no_grad():
+        pre = m.g[:2]                                                  # BN(W_1 h + b_1), no ELU
+        bn_Y, bn_Z = ((pre(c_Y), pre(c_Z)) if reading == "separate"
+                      else pre(torch.cat([c_Y, c_Z])).split(5))
+    gap = float((bn_Y.mean(0) - bn_Z.mean(0)).abs().max())
+    assert gap < 1e-5 if reading == "separate" else gap > 0.5
+
+
+def test_bn_flag(tiny_model, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, monkeypatch):
+    """--bn reaches the model (joint when left out); an unknown reading is refused."""
+    assert conisi.Args().bn == "joint"
+    seen = []
+    monkeypatch.setattr(common, "train", lambda args, model, *a, **k: seen.append(model.bn) or {})
+    _run(tiny_bert, wiki_head, sts_dir, tmp_path / "a", cache_dir)
+    _run(tiny_bert, wiki_head, sts_dir, tmp_path / "b", cache_dir, "--bn", "separate")
+    assert seen == ["joint", "separate"]
+    with pytest.raises(SystemExit):
+        common.build_parser(conisi.Args).parse_args(["--bn", "apart"])
+    with pytest.raises(UserError, match="--bn"):
+        tiny_model(bn="apart")
+
+
+@pytest.mark.parametrize("reading", ["joint", "separate"])
+def test_forward_gives_every_parameter_a_gradient(reading, tiny_model, tiny_tok):
+    m = tiny_model("o1", bn=reading)
     m.train()
     batch = {"text": _batch(tiny_tok, SENTS, 16)}
     loss, stats = m(batch)
@@ -344,17 +405,19 @@ def test_forward_gives_every_parameter_a_gradient(tiny_model, tiny_tok):
     assert float(m.w3.weight.grad.abs().sum()) > 0 and float(m.g[0].weight.grad.abs().sum()) > 0
 
 
-def test_forward_is_eq10_over_x_Y_Z(tiny_model, tiny_tok):
-    """The forward pass against the pieces done by hand: h_x from x alone, h_Y and r_Y from
-    Y = (x, x), r_Z from Z = (x, x_k), BatchNorm over each encoding's own batch.
+@pytest.mark.parametrize("reading", ["joint", "separate"])
+def test_forward_is_eq10_over_x_Y_Z(reading, tiny_model, tiny_tok):
+    """The forward pass against the pieces done by hand: h_x from x alone (BatchNorm over its
+    N rows), h_Y and r_Y from Y = (x, x), r_Z from Z = (x, x_k), BatchNorm over Y and Z together
+    (default) or apart (--bn separate), and Eq. (10) from the per-row loops.
 
     tau = 0.5, not the paper's 0.05: the tiny BERT's vocabulary is trained anew in every session
     (the tokenizers trainer is not deterministic), and at tau = 0.05 its contrastive loss is often
-    saturated (1e-7 to 1e-2), so the bug below moved the loss by anything from 7e-4 to 1.7 of
-    it over 30 sessions, now and then under the 1e-4 tolerance: the test failed by chance and
-    could not catch that bug. At tau = 0.5 the bug moves the loss by 12-23 % in every session."""
-    tau = 0.5
-    m = tiny_model("s", lam=0.6, tau=tau)
+    saturated (1e-7 to 1e-2), so a wrong BatchNorm batch for x could move the loss by less than
+    the tolerance: the test would fail by chance and could not catch that bug."""
+    tau, lam = 0.5, 0.6
+    m = tiny_model("s", lam=lam, tau=tau) if reading == "joint" else tiny_model(
+        "s", lam=lam, tau=tau, bn="separate")
     m.train()
     m.encoder.eval()                                                   # no dropout: comparable
     x = _batch(tiny_tok, SENTS, 16)
@@ -364,17 +427,24 @@ def test_forward_is_eq10_over_x_Y_Z(tiny_model, tiny_tok):
     k = conisi.other_index(len(SENTS))                                 # the same draw as forward
     c = {"input_ids": x["input_ids"][k], "attention_mask": x["attention_mask"][k]}
     with torch.no_grad():
-        h_x, _ = m.head(m.cls(x))
-        h_Y, r_Y = m.head(m.cls(conisi.compose_pairs(x, x, m.tpl)))
-        _, r_Z = m.head(m.cls(conisi.compose_pairs(x, c, m.tpl)))
-        # the bug this guards against: one BatchNorm over x and Y together
-        both = torch.cat([m.cls(x), m.cls(conisi.compose_pairs(x, x, m.tpl))])
-        mixed_h_x = m.head(both)[0][:len(SENTS)]
-    want = conisi.conisi_loss(h_x, h_Y, r_Y, r_Z, tau, 0.6)
-    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-4)
-    mixed = conisi.conisi_loss(mixed_h_x, h_Y, r_Y, r_Z, tau, 0.6)
-    # the guard has power: that bug moves the loss far beyond the tolerance above
-    assert abs(float(mixed) - float(want)) > 1e-2 * abs(float(want))
+        c_x = m.cls(x)                                                 # (N, d) [CLS] of x
+        c_Y = m.cls(conisi.compose_pairs(x, x, m.tpl))                 # (N, d) [CLS] of Y
+        c_Z = m.cls(conisi.compose_pairs(x, c, m.tpl))                 # (N, d) [CLS] of Z
+
+    def eq10(h_x, pairs):
+        h_Y, r_Y, r_Z = pairs
+        return (1 - lam) * loop_contrastive(h_x, h_Y, tau) + lam * loop_interactive(r_Y, r_Z)
+
+    other = {"joint": "separate", "separate": "joint"}[reading]
+    with torch.no_grad():
+        want = eq10(ref_g(m, c_x), ref_pairs(m, c_Y, c_Z, reading))
+        swapped = eq10(ref_g(m, c_x), ref_pairs(m, c_Y, c_Z, other))
+        mixed = eq10(ref_g(m, torch.cat([c_x, c_Y]))[:len(SENTS)], ref_pairs(m, c_Y, c_Z, reading))
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-4)
+    # the guards have power: the other reading, and one BatchNorm over x and Y together, both
+    # move the loss far beyond the tolerance above (here by about 4 % and 17 %)
+    assert abs(swapped - want) > 1e-2 * abs(want)
+    assert abs(mixed - want) > 1e-2 * abs(want)
 
 
 def test_make_c_per_strategy(tiny_model, tiny_tok):
