@@ -837,6 +837,9 @@ def start(args: Any) -> torch.device:
         ensure_data(args)
         out = prepare_output_dir(args.output_dir, getattr(args, "resume", False))
         (out / "args.json").write_text(json.dumps(_args_dict(args), indent=2, default=str))
+        # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
+        # `compare` labels the run's row with it
+        (out / "run.json").write_text(json.dumps({"script": _script_name(args)}, indent=2))
     barrier()
     return device
 
@@ -907,6 +910,13 @@ def _write_state(path: Path, state: dict) -> None:
 
 def _args_dict(args: Any) -> dict:
     return dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+
+
+def _script_name(args: Any) -> str:
+    """The file that defines this Args (simcse.py, ...), run as a program or imported."""
+    module = type(args).__module__
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return Path(path).name if path else module
 
 
 def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
@@ -1073,7 +1083,8 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
     mlp = mlp_from_pooler(enc, best_dir) if mlp_kept else None  # saved as the encoder's pooler
     res = evaluate_sts(make_encode(enc, tok, pooler, mlp), sts_dir, split="test")
     print(format_sts_table(res, paper, paper_name))
-    (best_dir / "test_metrics.json").write_text(json.dumps(res, indent=2))
+    # the pooler beside the task results: `compare` labels the run with it
+    (best_dir / "test_metrics.json").write_text(json.dumps({**res, "pooler": pooler}, indent=2))
     return res
 
 
@@ -1446,15 +1457,20 @@ def cli(argv: list[str]) -> None:
     cmds[argv[0]](argv[1:])
 
 
+def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[str] | None = None,
+                     split: str = "test", batch_size: int = 128) -> dict:
+    """evaluate_sts of an encoder as saved (hub name or folder), read off with `pooler`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok, enc = load_encoder(model)
+    enc.to(device)
+    mlp = mlp_from_pooler(enc, model) if pooler == "cls" else None
+    return evaluate_sts(make_encode(enc, tok, pooler, mlp, batch_size), sts_dir, tasks=tasks, split=split)
+
+
 def cmd_eval(argv: list[str]) -> None:
     a = parse_args(EvalArgs, argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tok, enc = load_encoder(a.model)
-    enc.to(device)
-    mlp = mlp_from_pooler(enc, a.model) if a.pooler == "cls" else None
     t = time.perf_counter()
-    res = evaluate_sts(make_encode(enc, tok, a.pooler, mlp, a.batch_size), a.sts_dir,
-                       tasks=a.tasks or None, split=a.split)
+    res = evaluate_encoder(a.model, a.pooler, a.sts_dir, a.tasks or None, a.split, a.batch_size)
     if a.split == "test" and not a.tasks:
         print(format_sts_table(res))
     else:
