@@ -15,10 +15,12 @@ see lives here, once:
     evaluate_sts(encode, dir)   the 7 STS tasks exactly as SimCSE's SentEval computes them
     save_checkpoint(...)        loads with AutoModel.from_pretrained and SentenceTransformer
 
-Run as a program it evaluates any encoder, downloads the real data, or times a training step:
+Run as a program it evaluates any encoder, downloads the real data, puts finished runs side
+by side (mean +- std over seeds, STS-B dev curves), or times a training step:
 
     python common.py eval --model <hub name or dir> --pooler avg
     python common.py download
+    python common.py compare runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
     python common.py bench --config bert-base-uncased --batch_size 64 --max_len 32
 """
 
@@ -35,6 +37,7 @@ import json
 import os
 import warnings
 import random
+import shlex
 import shutil
 import sys
 import tarfile
@@ -837,6 +840,9 @@ def start(args: Any) -> torch.device:
         ensure_data(args)
         out = prepare_output_dir(args.output_dir, getattr(args, "resume", False))
         (out / "args.json").write_text(json.dumps(_args_dict(args), indent=2, default=str))
+        # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
+        # `compare` labels the run's row with it
+        (out / "run.json").write_text(json.dumps({"script": _script_name(args)}, indent=2))
     barrier()
     return device
 
@@ -907,6 +913,13 @@ def _write_state(path: Path, state: dict) -> None:
 
 def _args_dict(args: Any) -> dict:
     return dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+
+
+def _script_name(args: Any) -> str:
+    """The file that defines this Args (simcse.py, ...), run as a program or imported."""
+    module = type(args).__module__
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return Path(path).name if path else module
 
 
 def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
@@ -1073,7 +1086,8 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
     mlp = mlp_from_pooler(enc, best_dir) if mlp_kept else None  # saved as the encoder's pooler
     res = evaluate_sts(make_encode(enc, tok, pooler, mlp), sts_dir, split="test")
     print(format_sts_table(res, paper, paper_name))
-    (best_dir / "test_metrics.json").write_text(json.dumps(res, indent=2))
+    # the pooler beside the task results: `compare` labels the run with it
+    (best_dir / "test_metrics.json").write_text(json.dumps({**res, "pooler": pooler}, indent=2))
     return res
 
 
@@ -1415,7 +1429,7 @@ def forward_flops_per_token(config, seq_len: int) -> float:
 
 
 # =====================================================================================
-# Command line: eval, download, bench
+# Command line: eval, download, compare, bench
 # =====================================================================================
 
 @dataclass
@@ -1439,22 +1453,27 @@ class DownloadArgs:
 
 
 def cli(argv: list[str]) -> None:
-    cmds = {"eval": cmd_eval, "download": cmd_download, "bench": cmd_bench}
+    cmds = {"eval": cmd_eval, "download": cmd_download, "compare": cmd_compare, "bench": cmd_bench}
     if not argv or argv[0] not in cmds:
         print(__doc__)
         raise UserError(f"choose a command: {', '.join(cmds)} (e.g. `python common.py eval --help`)")
     cmds[argv[0]](argv[1:])
 
 
+def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[str] | None = None,
+                     split: str = "test", batch_size: int = 128) -> dict:
+    """evaluate_sts of an encoder as saved (hub name or folder), read off with `pooler`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok, enc = load_encoder(model)
+    enc.to(device)
+    mlp = mlp_from_pooler(enc, model) if pooler == "cls" else None
+    return evaluate_sts(make_encode(enc, tok, pooler, mlp, batch_size), sts_dir, tasks=tasks, split=split)
+
+
 def cmd_eval(argv: list[str]) -> None:
     a = parse_args(EvalArgs, argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tok, enc = load_encoder(a.model)
-    enc.to(device)
-    mlp = mlp_from_pooler(enc, a.model) if a.pooler == "cls" else None
     t = time.perf_counter()
-    res = evaluate_sts(make_encode(enc, tok, a.pooler, mlp, a.batch_size), a.sts_dir,
-                       tasks=a.tasks or None, split=a.split)
+    res = evaluate_encoder(a.model, a.pooler, a.sts_dir, a.tasks or None, a.split, a.batch_size)
     if a.split == "test" and not a.tasks:
         print(format_sts_table(res))
     else:
@@ -1471,6 +1490,315 @@ def cmd_download(argv: list[str]) -> None:
     a = parse_args(DownloadArgs, argv)
     for k, p in download(a.dest, a.base_url, a.what).items():
         print(f"{k}: {p}")
+
+
+# -------------------------------------------------------------------------------------
+# compare: finished runs side by side (mean +- std over seeds), and their STS-B dev curves
+# -------------------------------------------------------------------------------------
+
+# NOTE(ours): fields that cannot change a run's numbers; runs that differ only in these (and
+# in seed, output_dir) are seeds of one configuration
+COMPARE_IGNORED = ("seed", "output_dir", "resume", "cache_dir", "log_every")
+
+
+@dataclass
+class CompareArgs:
+    baseline: str = arg("", "also evaluate this untrained encoder (hub name or folder), as the first row")
+    pooler: str = arg("cls_before_pooler", "pooler of the --baseline row", "SimCSE official code",
+                      choices=POOLERS)
+    sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
+    batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation")
+    markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
+    plot: str = arg("", "draw each run's STS-B dev curve over the steps into this image (.png, .pdf "
+                    "or .svg; needs matplotlib). Folders with metrics.jsonl but no final result "
+                    "(an unfinished run, RCL's entropy_phi*/) are drawn, not tabled")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise UserError(f"{path}: not readable JSON ({e}). Was the file cut short or edited by hand?")
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: expected a JSON object.")
+    return obj
+
+
+def read_run(folder: str | Path, plot: bool = False) -> dict:
+    """One folder given to `compare`: {"path", "args" (args.json or None), "script", "test" (the
+    7-task result or None: drawn only), "pooler"}. Anything else is a UserError that names it."""
+    p = Path(folder)
+    if not p.is_dir():
+        raise UserError(f"{p}: no such folder. Pass the --output_dir of a training run.")
+    args_f, test_f, log_f = p / "args.json", p / "best" / "test_metrics.json", p / "metrics.jsonl"
+    if p.name == "best" and (p.parent / "args.json").is_file():
+        raise UserError(f"{p}: this is a run's checkpoint folder; pass the run folder {p.parent} instead.")
+    if not args_f.is_file() and not log_f.is_file():
+        raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it). Pass the "
+                        f"--output_dir of a training run.")
+    finished = args_f.is_file() and test_f.is_file()
+    if not finished and not plot:
+        if not args_f.is_file():
+            raise UserError(f"{p}: no args.json, so not the --output_dir of a run (RCL's entropy_phi*/ "
+                            f"folders are part of one). Its STS-B dev curve can be drawn with --plot FILE.png.")
+        raise UserError(f"{p}: unfinished run: no best/test_metrics.json, which a run writes when it "
+                        f"ends (this one is still going, was interrupted, or stopped on a NaN loss). "
+                        f"Finish it with its command plus --resume, or leave it out (--plot still draws it).")
+    if not finished and not log_f.is_file():
+        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. "
+                        f"Leave it out.")
+    run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None}
+    run["script"] = _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None
+    if finished:
+        run["test"] = _read_json(test_f)
+        if not _result_tasks(run["test"]) or not isinstance(run["test"].get("avg"), (int, float)):
+            raise UserError(f"{test_f}: no STS task results and average in it. Is it the file a run wrote?")
+    # NOTE(ours): runs from before the pooler was recorded: every script that has a --pooler
+    # flag evaluates with it; the others (ifcl.py, conisi.py) stay unknown
+    run["pooler"] = (run["test"] or {}).get("pooler") or (run["args"] or {}).get("pooler")
+    return run
+
+
+def _result_tasks(res: dict) -> list[str]:
+    """The tasks of an evaluate_sts result, the 7 STS tasks first, in their order."""
+    got = [k for k, v in res.items() if isinstance(v, dict) and "spearman" in v]
+    return [t for t in STS_TASKS if t in got] + sorted(t for t in got if t not in STS_TASKS)
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list):
+        return ",".join(_fmt_value(x) for x in v)
+    return str(v)
+
+
+def _short_paths(values: list[str]) -> dict[str, str]:
+    """The fewest trailing path parts that still tell the values apart (model and data paths)."""
+    uniq = sorted(set(values))
+    for n in range(1, max(len(Path(v).parts) for v in uniq) + 1):
+        short = {v: "/".join(Path(v).parts[-n:]) for v in uniq}
+        if len(set(short.values())) == len(uniq):
+            return short
+    return {v: v for v in uniq}
+
+
+def group_runs(runs: list[dict]) -> list[dict]:
+    """Runs whose args.json agree on everything but COMPARE_IGNORED, with the same script and
+    pooler, form one group: {"runs", "label", "finished"}, in the order first given. A label
+    names the script (or, for a run from before scripts were recorded, its folder), the
+    flags whose values differ between groups, and the pooler of the final evaluation."""
+    groups: dict[Any, dict] = {}
+    for r in runs:
+        if r["args"] is None:   # drawn only (an RCL entropy model): a group of its own
+            key: Any = ("folder", str(r["path"]))
+        else:
+            kept = {k: v for k, v in r["args"].items() if k not in COMPARE_IGNORED}
+            key = (r["test"] is not None, r["script"], r["pooler"], json.dumps(kept, sort_keys=True, default=str))
+        groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
+    out = list(groups.values())
+    # the flags that tell groups apart: a field whose value is not the same in every group that has it
+    with_args = [g for g in out if g["runs"][0]["args"] is not None]
+    keys = sorted({k for g in with_args for k in g["runs"][0]["args"]} - set(COMPARE_IGNORED) - {"pooler"})
+    differing = {}
+    for k in keys:
+        vals = [g["runs"][0]["args"][k] for g in with_args if k in g["runs"][0]["args"]]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1:
+            strs = [_fmt_value(v) for v in vals]
+            short = _short_paths(strs) if any("/" in s for s in strs) else {s: s for s in strs}
+            differing[k] = short
+    for g in out:
+        first = g["runs"][0]
+        if first["args"] is None:
+            parent = first["path"].parent
+            script = (_read_json(parent / "run.json").get("script")
+                      if (parent / "run.json").is_file() else None)
+            g["label"] = f"{script or parent.name} {first['path'].name}"
+            continue
+        names = [str(r["path"]) for r in g["runs"]]
+        head = first["script"] or (os.path.commonprefix(names).rstrip("-_./") or names[0])
+        flags = [f"{k}={differing[k][_fmt_value(first['args'][k])]}" for k in differing if k in first["args"]]
+        pooler = first["pooler"] or "pooler not recorded"
+        g["label"] = " ".join([head, *flags, f"[{pooler}]"]) + ("" if g["finished"] else " (unfinished)")
+    return out
+
+
+def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) -> dict:
+    """{"tasks", "rows": [{"label", "n", "mean": {task: x}, "std": {task: x or None}}]}: the
+    mean over a group's seeds of each task and of the average, with the sample std (ddof=1)
+    when there are two seeds or more. Every run must hold the same tasks."""
+    finished = [g for g in groups if g["finished"]]
+    tasks: list[str] | None = None
+    for g in finished:
+        for r in g["runs"]:
+            t = _result_tasks(r["test"])
+            if tasks is None:
+                tasks, first = t, r["path"]
+            elif t != tasks:
+                raise UserError(f"{r['path']}: its best/test_metrics.json holds {', '.join(t)}, but "
+                                f"{first}'s holds {', '.join(tasks)}. Compare runs evaluated on the "
+                                f"same tasks (in separate commands), or re-evaluate one with "
+                                f"`python common.py eval --model {r['path']}/best --output ...`.")
+    tasks = tasks or (_result_tasks(baseline[1]) if baseline else list(STS_TASKS))
+    rows = []
+    if baseline:
+        label, res = baseline
+        rows.append({"label": label, "n": None, "runs": [],
+                     "mean": {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]},
+                     "std": {t: None for t in tasks + ["avg"]}})
+    for g in finished:
+        per_run = np.array([[r["test"][t]["spearman"] for t in tasks] + [r["test"]["avg"]]
+                            for r in g["runs"]], dtype=np.float64)            # (n, tasks + 1)
+        n = len(g["runs"])
+        mean = per_run.mean(0)
+        std = per_run.std(0, ddof=1) if n >= 2 else [None] * len(mean)
+        rows.append({"label": g["label"], "n": n, "runs": [r["path"] for r in g["runs"]],
+                     "mean": dict(zip(tasks + ["avg"], map(float, mean))),
+                     "std": dict(zip(tasks + ["avg"], [None if s is None else float(s) for s in std]))})
+    return {"tasks": tasks, "rows": rows}
+
+
+def _cell(row: dict, t: str) -> str:
+    m, s = row["mean"][t], row["std"][t]
+    return f"{m:.2f}" if s is None else f"{m:.2f} ± {s:.2f}"
+
+
+COMPARE_NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
+                "evaluation; n seeds: mean ± sample std (ddof=1).")
+
+
+def format_compare(table: dict) -> str:
+    """The table as plain text, one row a group."""
+    cols = [TASK_SHORT.get(t, t) for t in table["tasks"]] + ["Avg."]
+    cells = [[_cell(r, t) for t in table["tasks"] + ["avg"]] for r in table["rows"]]
+    lw = max([3] + [len(r["label"]) for r in table["rows"]])
+    cw = max([len(c) for c in cols] + [len(c) for row in cells for c in row]) + 2
+    lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
+    for r, row in zip(table["rows"], cells):
+        lines.append(f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}" + "".join(f"{c:>{cw}s}" for c in row))
+    lines.append(COMPARE_NOTE)
+    return "\n".join(lines)
+
+
+def format_compare_markdown(table: dict, command: str) -> str:
+    """The table as Markdown, with the command that made it."""
+    cols = ["run", "n"] + [TASK_SHORT.get(t, t) for t in table["tasks"]] + ["Avg."]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in table["rows"]:
+        cells = [r["label"].replace("|", "\\|"), "-" if r["n"] is None else str(r["n"])]
+        lines.append("| " + " | ".join(cells + [_cell(r, t) for t in table["tasks"] + ["avg"]]) + " |")
+    return "\n".join(lines) + f"\n\n{COMPARE_NOTE} Made with `{command}`.\n"
+
+
+def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
+    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+    by_step = {}
+    path = folder / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                if "stsb_dev" in rec:
+                    by_step[int(rec["step"])] = float(rec["stsb_dev"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by an interruption
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def _pyplot():
+    """matplotlib's pyplot (no display needed), or a UserError that says how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib, which is not installed: `pip install matplotlib` "
+                        "(nothing else in this project needs it), or leave out --plot.")
+    return plt
+
+
+def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
+    """Each run's STS-B dev curve over the steps, one colour a group (every seed drawn: the
+    spread shows), labelled as the table labels its rows."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, g in enumerate(groups):
+        color = f"C{i % 10}"
+        n = len(g["runs"])
+        for j, r in enumerate(g["runs"]):
+            steps, dev = dev_curve(r["path"])
+            ax.plot(steps, dev, marker="o", markersize=3, color=color, alpha=1.0 if n == 1 else 0.7,
+                    label=f"{g['label']}, n={n}" if j == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("STS-B dev (Spearman x100)")
+    ax.set_title("STS-B dev over training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_compare(argv: list[str]) -> None:
+    """python common.py compare RUN [RUN ...] [--baseline MODEL --pooler P] [--markdown F] [--plot F]"""
+    parser = build_parser(CompareArgs, description="The 7 STS tasks of finished runs side by side: "
+                          "runs that differ only in --seed (and --output_dir) form one row, mean ± std.")
+    parser.usage = "%(prog)s RUN [RUN ...] [options]"
+    parser.prog = "python common.py compare"
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="run folders (a script's --output_dir)")
+    given = vars(parser.parse_args(argv))
+    folders = given.pop("runs")
+    a = CompareArgs(**given)
+    if not folders:
+        raise UserError("compare: give at least one run folder, e.g. `python common.py compare "
+                        "runs/simcse runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
+    if "pooler" in given and not a.baseline:
+        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop --pooler.")
+    if a.plot and Path(a.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UserError(f"--plot {a.plot}: give a file name ending in .png, .pdf or .svg.")
+    seen = set()
+    for f in folders:
+        if Path(f).resolve() in seen:
+            raise UserError(f"{f}: given twice. Give each run folder once.")
+        seen.add(Path(f).resolve())
+    # everything is read and checked before anything is written or printed
+    runs = [read_run(f, plot=bool(a.plot)) for f in folders]
+    groups = group_runs(runs)
+    table = compare_table(groups) if any(g["finished"] for g in groups) else None
+    if a.markdown and table is None:
+        raise UserError(f"--markdown {a.markdown}: none of the runs has finished: there is no table to write.")
+    if a.plot:
+        _pyplot()   # a missing matplotlib is said now, not after the table is out
+        for r in runs:
+            if r["test"] is None:
+                print(f"note: {r['path']}: no final result; its curve is drawn, it is not in the table",
+                      file=sys.stderr)
+            if not dev_curve(r["path"])[0]:
+                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve",
+                      file=sys.stderr)
+    if a.baseline:
+        tasks = table["tasks"] if table else None
+        res = evaluate_encoder(a.baseline, a.pooler, a.sts_dir, tasks, "test", a.batch_size)
+        name = Path(a.baseline).name or a.baseline
+        table = compare_table(groups, (f"{name} untrained [{a.pooler}]", res))
+    if table is not None:
+        print(format_compare(table))
+        for g in groups:   # which folders (and seeds) each row is made of
+            if not g["finished"]:
+                continue
+            seeds = [r["args"].get("seed") for r in g["runs"]]
+            print(f"  {g['label']}: " + ", ".join(f"{r['path']} (seed {sd})" for r, sd in zip(g["runs"], seeds))
+                  + ("  NOTE: the same seed twice" if len(set(seeds)) < len(seeds) else ""), file=sys.stderr)
+        if a.markdown:
+            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+            cmd = " ".join(["python common.py compare"] + [shlex.quote(x) for x in argv])
+            Path(a.markdown).write_text(format_compare_markdown(table, cmd), encoding="utf-8")
+            print(f"Markdown table: {a.markdown}", file=sys.stderr)
+    if a.plot:
+        plot_dev_curves(groups, a.plot)
+        print(f"STS-B dev curves: {a.plot}", file=sys.stderr)
 
 
 @dataclass
