@@ -124,23 +124,26 @@ def paper_numbers(strategy: str, lam: float) -> tuple[dict | None, str]:
 # PAPER-SPECIFIC: the losses
 # =====================================================================================
 
+@common.fp32
 def contrastive_loss(h_x: torch.Tensor, h_Y: torch.Tensor, tau: float) -> torch.Tensor:
     """Eq. (3)-(4): row i is the single sentence h_i^x, column j the sentence pair h_j^Y."""
     # sim(h_i^x, h_j^Y) = cos(h_i^x, h_j^Y) for every pair of the batch
     sim = F.normalize(h_x, dim=-1) @ F.normalize(h_Y, dim=-1).T               # (N, N)
     labels = torch.arange(h_x.shape[0], device=h_x.device)                    # (N,)
     # Eq. (3)-(4): l_i = -log e^{sim(h_i^x, h_i^Y)/tau} / sum_j e^{sim(h_i^x, h_j^Y)/tau}; mean over i
-    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+    return F.cross_entropy(sim / tau, labels)                                 # ()
 
 
+@common.fp32
 def interactive_loss(r_Y: torch.Tensor, r_Z: torch.Tensor) -> torch.Tensor:
     """Eq. (8)-(9): the same-sentence pair Y_i should outscore the composed pair Z_i."""
-    logits = torch.stack([r_Y, r_Z], dim=1).float()                           # (N, 2)
+    logits = torch.stack([r_Y, r_Z], dim=1)                                   # (N, 2)
     labels = torch.zeros(r_Y.shape[0], dtype=torch.long, device=r_Y.device)   # (N,)
     # Eq. (8)-(9): l_i = -log e^{r_i^Y} / (e^{r_i^Y} + e^{r_i^Z}); mean over i
     return F.cross_entropy(logits, labels)                                    # ()
 
 
+@common.fp32
 def conisi_loss(h_x: torch.Tensor, h_Y: torch.Tensor, r_Y: torch.Tensor, r_Z: torch.Tensor,
                 tau: float, lam: float) -> torch.Tensor:
     """Eq. (10): the contrastive and interactive losses, balanced by lam."""
@@ -148,6 +151,7 @@ def conisi_loss(h_x: torch.Tensor, h_Y: torch.Tensor, r_Y: torch.Tensor, r_Z: to
     return (1 - lam) * contrastive_loss(h_x, h_Y, tau) + lam * interactive_loss(r_Y, r_Z)  # ()
 
 
+@common.fp32
 def interactive_accuracy(r_Y: torch.Tensor, r_Z: torch.Tensor) -> torch.Tensor:
     """For the log: how often the classifier ranks Y_i above Z_i."""
     return (r_Y > r_Z).float().mean()                                         # ()

@@ -91,6 +91,7 @@ PAPER = {"STS12": 68.50, "STS13": 83.70, "STS14": 79.00, "STS15": 82.71, "STS16"
 # PAPER-SPECIFIC: the loss (the only part that differs from simcse.py)
 # =====================================================================================
 
+@common.fp32
 def cosine_matrix(h: torch.Tensor, h_pos: torch.Tensor) -> torch.Tensor:
     """s[i, j] = cos(h_i, h_j^+): the diagonal holds s_p^i, the rest s_n^{i,j}.
 
@@ -112,6 +113,7 @@ def focal_logits(s: torch.Tensor, tau: float, m: float, modulate: bool = True) -
     return s * factor / tau                                                   # (N, N)
 
 
+@common.fp32
 def focal_infonce_from_cos(s: torch.Tensor, tau: float, m: float,
                            modulate: bool = True) -> torch.Tensor:
     """Eq. (2) averaged over the batch, from the cosine matrix s (N, N) (rows: anchors h_i,
@@ -129,6 +131,7 @@ def focal_infonce_from_cos(s: torch.Tensor, tau: float, m: float,
     return F.cross_entropy(logits, labels)                                    # ()
 
 
+@common.fp32
 def focal_infonce_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float, m: float,
                        modulate: bool = True) -> torch.Tensor:
     """Focal-InfoNCE, Eq. (2), batch mean: h (N, d) anchors, h_pos (N, d) their dropout twins.
@@ -137,10 +140,11 @@ def focal_infonce_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float, m: floa
     return focal_infonce_from_cos(s, tau, m, modulate)                        # ()
 
 
+@common.fp32
 def similarity_stats(s: torch.Tensor, m: float) -> dict[str, torch.Tensor]:
     """For the log: mean s_p, mean s_n, and the share of negatives with s_n > 1 - m, the ones
     the modulation up-weights (paper Fig. 1). No gradient."""
-    s = s.detach().float()                                                    # (N, N)
+    s = s.detach()                                                            # (N, N)
     n = s.shape[0]
     neg = ~torch.eye(n, dtype=torch.bool, device=s.device)                    # (N, N)
     k = max(n * (n - 1), 1)  # negatives in the batch (a batch of one has none)

@@ -125,6 +125,7 @@ def forgetting_coefficients(queue_len: int, batch_size: int, lam: float) -> torc
     return 1 - lam * torch.ceil(m / batch_size)                              # (M,)
 
 
+@common.fp32
 def identical_loss(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, p: torch.Tensor,
                    tau: float) -> torch.Tensor:
     """Eq. (6): InfoNCE of the identical twins, with the queued anchors H_m as extra negatives
@@ -135,29 +136,32 @@ def identical_loss(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, p:
     sim_q = h @ F.normalize(queue.detach().to(h.dtype), dim=-1).T            # (N, M)   sim(h_i, H_m)
     # phi = sum_m p_m e^{sim(h_i,H_m)/tau}: the weight enters as log p_m inside one logsumexp
     log_p = torch.log(p.to(sim.device, torch.float32))                       # (M,)  -inf where p_m = 0
-    logits = torch.cat([sim.float() / tau, sim_q.float() / tau + log_p], 1)  # (N, N + M)
+    logits = torch.cat([sim / tau, sim_q / tau + log_p], 1)                  # (N, N + M)
     # Eq. (6): l_i = -log e^{sim(h_i,h_i^+)/tau} / (sum_j e^{sim(h_i,h_j^+)/tau} + phi)
     labels = torch.arange(h.shape[0], device=h.device)                       # (N,)
     return F.cross_entropy(logits, labels)                                   # ()
 
 
+@common.fp32
 def fraternal_loss(h: torch.Tensor, h_frat: torch.Tensor, tau: float) -> torch.Tensor:
     """Eq. (7): InfoNCE of the fraternal twins, in-batch negatives only (no queue)."""
     sim = F.normalize(h, dim=-1) @ F.normalize(h_frat, dim=-1).T             # (N, N)   sim(h_i, h_j^-)
     # Eq. (7): l_i = -log e^{sim(h_i,h_i^-)/tau} / sum_j e^{sim(h_i,h_j^-)/tau}
     labels = torch.arange(h.shape[0], device=h.device)                      # (N,)
-    return F.cross_entropy(sim.float() / tau, labels)                        # ()
+    return F.cross_entropy(sim / tau, labels)                                # ()
 
 
+@common.fp32
 def twins_loss(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor,
                margin: torch.Tensor) -> torch.Tensor:
     """Eq. (8): keep the gap between the identical and the fraternal similarity at M_i."""
-    s_pos = F.cosine_similarity(h, h_pos, dim=-1).float()                    # (N,)  sim(h_i, h_i^+)
-    s_frat = F.cosine_similarity(h, h_frat, dim=-1).float()                  # (N,)  sim(h_i, h_i^-)
+    s_pos = F.cosine_similarity(h, h_pos, dim=-1)                            # (N,)  sim(h_i, h_i^+)
+    s_frat = F.cosine_similarity(h, h_frat, dim=-1)                          # (N,)  sim(h_i, h_i^-)
     # Eq. (8): l_i = | e^{sim(h_i,h_i^+)} - e^{sim(h_i,h_i^-)} - M_i |
-    return (s_pos.exp() - s_frat.exp() - margin.float()).abs().mean()        # ()
+    return (s_pos.exp() - s_frat.exp() - margin).abs().mean()                # ()
 
 
+@common.fp32
 def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tensor,
                   mask: torch.Tensor, mask_frat: torch.Tensor) -> torch.Tensor:
     """M_i of Eq. (8) from the dropout-augmented embedding-layer outputs (N, L, d); emb and
@@ -166,8 +170,8 @@ def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tens
     over tokens, then cosine. Detached: M_i is a target, not a path for gradient."""
     mean = common.masked_mean
     e, e_pos, e_frat = mean(emb, mask), mean(emb_pos, mask), mean(emb_frat, mask_frat)  # (N, d) x3
-    s_pos = F.cosine_similarity(e, e_pos, dim=-1).float()                    # (N,)  sim(emb_i, emb_i^+)
-    s_frat = F.cosine_similarity(e, e_frat, dim=-1).float()                  # (N,)  sim(emb_i, emb_i^-)
+    s_pos = F.cosine_similarity(e, e_pos, dim=-1)                            # (N,)  sim(emb_i, emb_i^+)
+    s_frat = F.cosine_similarity(e, e_frat, dim=-1)                          # (N,)  sim(emb_i, emb_i^-)
     # Eq. (8): M_i = e^{sim(emb_i, emb_i^+)} - e^{sim(emb_i, emb_i^-)}
     return (s_pos.exp() - s_frat.exp()).detach()                             # (N,)
 

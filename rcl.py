@@ -107,6 +107,7 @@ DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy mode
 # PAPER-SPECIFIC: the losses
 # =====================================================================================
 
+@common.fp32
 def contrastive_loss(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
     """Eq. (1) with a temperature: row i is the query q_i, its positive the column ind_i;
     ind is (N, d), or (2N, d) with the hard negatives after the positives (extra columns)."""
@@ -114,9 +115,10 @@ def contrastive_loss(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Te
     sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
     # Eq. (1): l_i = -log e^{cos(q_i, ind_i)/tau} / sum_j e^{cos(q_i, ind_j)/tau}
     labels = torch.arange(q.shape[0], device=q.device)                        # (N,)
-    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+    return F.cross_entropy(sim / tau, labels)                                 # ()
 
 
+@common.fp32
 def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> torch.Tensor:
     """Eq. (2), the entropy models' objective: the contrastive cross-entropy of row i minus
     phi * sum_{j != i} s_ij log s_ij, with s_ij the softmax over all columns k of cos(q_i, ind_k)/tau.
@@ -125,7 +127,7 @@ def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> 
     n = q.shape[0]
     sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
     # log score_train_ij = log e^{cos(q_i, ind_j)/tau} / sum_k e^{cos(q_i, ind_k)/tau}
-    log_s = F.log_softmax(sim.float() / tau, dim=1)                           # (N, M)
+    log_s = F.log_softmax(sim / tau, dim=1)                                   # (N, M)
     ce = -log_s.diagonal()                                                    # (N,)
     # the entropy sum skips only j = i; hard-negative columns (j >= N) are in it
     diag = torch.eye(n, ind.shape[0], dtype=torch.bool, device=q.device)      # (N, M)
@@ -134,6 +136,7 @@ def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> 
     return (ce - phi * s_log_s.sum(1)).mean()                                 # ()
 
 
+@common.fp32
 def regularized_loss(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tensor],
                      aug_ind: list[torch.Tensor], tau: float) -> torch.Tensor:
     """Eq. (3), the final model's objective: the contrastive term plus, for every entropy
@@ -154,15 +157,16 @@ def regularized_loss(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tenso
         sim_ind = ind_n @ F.normalize(au_ind, dim=-1).T                       # (N, N)
         # Eq. (3), regulators: -log e^{cos(q_i, Au_q_i^n)/tau} / sum_k e^{cos(q_i, Au_q_k^n)/tau}
         #                      -log e^{cos(ind_i, Au_ind_i^n)/tau} / sum_k e^{cos(ind_i, Au_ind_k^n)/tau}
-        loss = loss + F.cross_entropy(sim_q.float() / tau, labels) \
-            + F.cross_entropy(sim_ind.float() / tau, labels)                  # ()
+        loss = loss + F.cross_entropy(sim_q / tau, labels) \
+            + F.cross_entropy(sim_ind / tau, labels)                          # ()
     return loss                                                               # ()
 
 
+@common.fp32
 def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
     """For the log: mean over i of -sum_{j != i} s_ij log s_ij (what phi weighs in Eq. 2)."""
     sim = F.normalize(q, dim=-1) @ F.normalize(ind, dim=-1).T                 # (N, M)
-    log_s = F.log_softmax(sim.float() / tau, dim=1)                           # (N, M)
+    log_s = F.log_softmax(sim / tau, dim=1)                                   # (N, M)
     diag = torch.eye(q.shape[0], ind.shape[0], dtype=torch.bool, device=q.device)  # (N, M)
     return -(log_s.exp() * log_s).masked_fill(diag, 0.0).sum(1).mean().detach()    # ()
 

@@ -75,15 +75,17 @@ PAPER = {"unsup": common.PAPER_SIMCSE_UNSUP_BERT,
 # PAPER-SPECIFIC: the losses
 # =====================================================================================
 
+@common.fp32
 def simcse_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float) -> torch.Tensor:
     """Unsupervised SimCSE, Eq. (4): row i is the anchor h_i, column j the second view h_j^+."""
     # sim(h_i, h_j^+) = cos(h_i, h_j^+) for every pair of the batch
     sim = F.normalize(h, dim=-1) @ F.normalize(h_pos, dim=-1).T               # (N, N)
     # Eq. (4): l_i = -log e^{sim(h_i, h_i^+)/tau} / sum_j e^{sim(h_i, h_j^+)/tau}
     labels = torch.arange(h.shape[0], device=h.device)                        # (N,)
-    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+    return F.cross_entropy(sim / tau, labels)                                 # ()
 
 
+@common.fp32
 def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
                     tau: float) -> torch.Tensor:
     """Supervised SimCSE, Eq. (5): the hard negatives h_j^- are extra columns."""
@@ -91,7 +93,7 @@ def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
     sim = torch.cat([h @ h_pos.T, h @ h_neg.T], dim=1)                        # (N, 2N)
     # Eq. (5): l_i = -log e^{sim(h_i,h_i^+)/tau} / sum_j (e^{sim(h_i,h_j^+)/tau} + e^{sim(h_i,h_j^-)/tau})
     labels = torch.arange(h.shape[0], device=h.device)                        # (N,)
-    return F.cross_entropy(sim.float() / tau, labels)                         # ()
+    return F.cross_entropy(sim / tau, labels)                                 # ()
 
 
 # =====================================================================================

@@ -59,7 +59,7 @@ def ref_regularized(q, ind, aug_q, aug_ind, tau):
 
 
 def close(a, b, atol=1e-5):
-    """The losses compute in float32 (as under autocast); the references in float64."""
+    """The references in float64; a loss computes in its inputs' precision, at least float32."""
     return torch.allclose(a.double(), b.double(), atol=atol, rtol=1e-5)
 
 
