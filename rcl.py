@@ -5,7 +5,8 @@ BibTeX key: tan2022regularized.
 
 What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
   - stage 1: one "entropy model" per phi, trained from the same checkpoint with the contrastive
-    loss plus phi times the entropy of each row's softmax over the off-diagonal columns (Eq. 2);
+    loss plus phi times -sum_{j != i} s_ij log s_ij (Eq. 2), s_i being row i's softmax over all
+    columns (its positive and any hard negatives included): only the entropy sum skips j = i;
   - stage 2: the final model, again from the original checkpoint, with the contrastive loss plus
     two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
     embeddings of the same sentences against the batch (Eq. 3).
@@ -36,8 +37,8 @@ Under DDP (torchrun): every embedding the losses use (q, ind's positives and har
 gathered separately so that the positives stay first, and every Au) goes through
 common.gather, so each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen
 entropy models run on each rank's own rows only (no gradient, nothing to synchronise), and
-early stopping reads the global loss, which is the same on every rank, so all ranks stop at
-the same step. Markers are written by rank 0.
+early stopping reads the mean of the global loss since the previous evaluation, which is the
+same on every rank, so all ranks stop at the same evaluation. Markers are written by rank 0.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class Args:
     phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
                            "model per value (negative values allowed, Algorithm 1)", "paper App. A")
     tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours")
-    patience: int = arg(3, "stop an entropy model when its loss has not decreased for this many "
-                        "steps (0 = no early stopping)", "paper App. A")
+    patience: int = arg(3, "stop an entropy model when its mean training loss between two STS-B "
+                        "dev evaluations has not decreased for this many evaluations (0 = no "
+                        "early stopping)", "paper App. A")
     pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
                       "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
     weight_decay: float = arg(0.0, "AdamW weight decay", "ours")
@@ -168,9 +170,16 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class EarlyStop:
-    """App. A: stop an entropy model once its loss has not decreased for `patience` steps.
-    NOTE(ours): the loss compared is each step's own (common.train passes it every step when
-    should_stop is set), read literally; the best checkpoint by STS-B dev is the one used."""
+    """App. A: stop an entropy model once its loss has not decreased for `patience` evaluations.
+    common.train calls it at each STS-B dev evaluation (every 10% of the data by default) with
+    the mean training loss over the steps since the previous evaluation.
+    NOTE(ours): the paper's "3 steps" read as 3 evaluations (as HF's EarlyStoppingCallback counts
+    patience): one batch's loss is noise, and 3 batches without a new low stop a model after
+    about 6 steps, a near-copy of its start.
+    NOTE(ours): the loss is the interval's mean training loss, not a loss on held-out pairs: no
+    data is set aside and no extra pass is run, and a mean over 10% of the data is far less
+    noisy than one batch.
+    Stage 2 uses the entropy model's best checkpoint by STS-B dev, not its last."""
 
     def __init__(self, patience: int):
         self.patience, self.best, self.since = patience, math.inf, 0

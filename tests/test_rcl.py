@@ -205,10 +205,11 @@ def test_regularized_loss_mismatched_lists():
 # ------------------------------------------------------------------------------------
 
 def test_early_stop_patience():
+    """Patience counted in calls, i.e. evaluations: common.train calls it at each one."""
     stop = rcl.early_stop(3)
     losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
     fired = [stop(s, l) for s, l in enumerate(losses, 1)]
-    # 3.9 at step 5 is the last decrease; steps 6, 7, 8 do not beat it -> stop at step 8
+    # 3.9 at evaluation 5 is the last decrease; 6, 7, 8 do not beat it -> stop at evaluation 8
     assert fired == [False] * 7 + [True]
     stop = rcl.early_stop(1)
     assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
@@ -221,10 +222,80 @@ def test_early_stop_state_round_trip():
     fired = [a(s, l) for s, l in enumerate(losses, 1)]
     b = rcl.early_stop(3)
     b.load_state_dict(a.state_dict())
-    # 4.0 at step 2 still the best; steps 3, 4, 5 did not beat it: a and b both fire now
+    # 4.0 at evaluation 2 still the best; 3, 4, 5 did not beat it: a and b both fire now
     assert fired[-1] and b(6, 4.8) and a(6, 4.8)
     fresh = rcl.early_stop(3)
     assert not fresh(6, 4.8)
+
+
+# Noisy batches: within each interval of 10 steps the single-batch losses rise and fall
+# around the interval's mean (ZIG sums to 0), so the interval means are exactly BASES.
+ZIG = [0.0, 0.5, 0.6, 0.7, -0.9, 0.3, 0.2, 0.1, -0.8, -0.7]
+FALLING = [5.0, 4.9, 4.8, 4.7, 4.6, 4.5]        # the mean falls at every evaluation
+PLATEAU = [5.0, 4.9, 4.9, 4.95, 4.9, 4.8]       # no new low at evaluations 3, 4, 5
+
+
+def _batches(bases):
+    return [b + z for b in bases for z in ZIG]
+
+
+class Scripted(torch.nn.Module):
+    """A model whose training loss is a given sequence, one value a step; the encoder is only
+    evaluated and saved (it gets no gradient)."""
+
+    def __init__(self, encoder, losses):
+        super().__init__()
+        self.encoder, self.losses, self.t = encoder, losses, 0
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, batch):
+        loss = self.w * 0 + self.losses[self.t]
+        self.t += 1
+        return loss
+
+
+def _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, should_stop, **flags):
+    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
+                    output_dir=str(out), cache_dir=str(cache_dir), batch_size=8, max_len=16,
+                    max_steps=len(losses), eval_every=10, **flags)
+    out.mkdir()
+    tok, enc = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    return common.train(args, Scripted(enc, losses), data, tok, enc, pooler=args.pooler,
+                        should_stop=should_stop, final_eval=False)
+
+
+def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """common.train calls should_stop at each evaluation only (every --eval_every steps and the
+    last step), with the mean loss of the steps since the previous evaluation; training
+    records follow --log_every, not every step."""
+    losses = _batches(FALLING)[:25]
+    seen = []
+    # it fires at the last evaluation only: training ran all its steps, not "stopped early"
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "run", cache_dir, losses,
+                          lambda step, loss: seen.append((step, loss)) or step == 25, log_every=4)
+    assert [s for s, _ in seen] == [10, 20, 25]
+    assert [l for _, l in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
+    recs = _records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if "loss" in r] == [4, 8, 10, 12, 16, 20, 24, 25]
+    assert [r["step"] for r in recs if "stsb_dev" in r] == [10, 20, 25]
+    assert res["steps"] == 25 and not res["stopped_early"]
+
+
+def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """Single batches rise for 3 steps right at the start: compared batch by batch (the old
+    reading of "3 steps") training stops at step 4; compared as interval means at evaluations
+    it trains on while the mean falls, and still stops on a plateau."""
+    old = rcl.early_stop(3)
+    assert next(s for s, l in enumerate(_batches(FALLING), 1) if old(s, l)) == 4
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "falling", cache_dir,
+                          _batches(FALLING), rcl.early_stop(3))
+    assert res["steps"] == 60 and not res["stopped_early"]
+    # interval means 5, 4.9 | 4.9, 4.95, 4.9: three evaluations without a new low -> step 50
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "plateau", cache_dir,
+                          _batches(PLATEAU), rcl.early_stop(3))
+    assert res["steps"] == 50 and res["stopped_early"]
+    assert max(r["step"] for r in _records(tmp_path / "plateau" / "metrics.jsonl")) == 50
 
 
 def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
@@ -256,7 +327,7 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_hea
         common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, enc,
                      pooler=a.pooler, should_stop=stop, final_eval=False)
         counts.append(stop.n)
-    assert counts == [4, 6]      # 4 restored from last/, then steps 5 and 6
+    assert counts == [2, 3]      # evaluations at steps 2, 4; 2 restored from last/, then step 6
 
 
 # ------------------------------------------------------------------------------------
@@ -390,7 +461,10 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
         done = json.loads((folder / rcl.DONE).read_text())
         assert done["phi"] == float(phi) and 1 <= done["steps"] <= 3
         assert (folder / "best" / "config.json").is_file()
-        assert any("entropy" in r for r in _records(folder / "metrics.jsonl"))
+        recs = _records(folder / "metrics.jsonl")
+        assert any("entropy" in r for r in recs)
+        # training records at --log_every (10), evaluations and the last step: not every step
+        assert [r["step"] for r in recs if "loss" in r] == [2, 3]
         assert not (folder / "best" / "test_metrics.json").exists()   # no 7-task eval in stage 1
     recs = _records(out / "metrics.jsonl")
     assert any("stsb_dev" in r for r in recs)
