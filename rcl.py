@@ -318,8 +318,40 @@ def start(args: Args) -> torch.device:
     return common.start(args)
 
 
-def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device) -> dict:
-    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end."""
+@torch.no_grad()
+def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.device) -> float:
+    """Row entropy (Eq. 2's term, the log's "entropy") of `model` on the first training batch.
+    NOTE(ours): "row entropy at the start / end" is this no-grad pass, before and after training,
+    with dropout on as in training and the same dropout draw both times: the same batch and the
+    same masks, so start -> end differs only by the weights (the first training record would mix
+    in --log_every steps of training and other batches). The global RNG is left as it was."""
+    rank, world_size = common.world()
+    local_bs = args.batch_size // world_size
+    n = len(next(iter(data.values())))
+    idx = common.batch_plan(n, args.batch_size, args.seed, 0)[0, rank * local_bs:(rank + 1) * local_bs]
+    batch = common.device_batch(data, idx, None, device)
+    was_training = model.training
+    model.train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed)
+        with common.autocast(device):
+            _, stats = model(batch)
+    model.train(was_training)
+    return float(stats["entropy"])
+
+
+def last_dev(folder: Path) -> float | None:
+    """STS-B dev of the last evaluation in folder/metrics.jsonl: the weights training ended with."""
+    recs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    devs = [r["stsb_dev"] for r in recs if "stsb_dev" in r]
+    return devs[-1] if devs else None
+
+
+def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device,
+                        start_figures: dict | None = None) -> dict:
+    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end,
+    with the figures of the summary. `start_figures` caches the starting checkpoint's row
+    entropy and STS-B dev (the same for every phi): measured here on first use."""
     main_proc = common.world()[0] == 0
     if main_proc and folder.exists() and not (folder / "last" / "state.pt").exists():
         shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
@@ -328,11 +360,26 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
     model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
+    at_start = {} if start_figures is None else start_figures
+    if not at_start:  # the starting checkpoint (common.train loads last/ only later, on --resume)
+        at_start["entropy_start"] = probe_entropy(model, data, args, device)
+        if main_proc:
+            dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
+                                      args.sts_dir, split="dev")
+            at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
     res = common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, output_dir=folder,
                        should_stop=early_stop(args.patience), final_eval=False)
+    entropy_end = probe_entropy(model, data, args, device)   # the weights training ended with
     if main_proc:
-        rec = {**marker_record(args, phi), "steps": res["steps"], "best_dev": res["best_dev"],
-               "best_step": res["best_step"]}
+        rec = {**marker_record(args, phi), "steps": res["steps"],
+               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
+               "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
+               "dev_end": last_dev(folder), "entropy_start": at_start["entropy_start"],
+               "entropy_end": entropy_end}
+        print(f"entropy model phi={phi:g}: {rec['steps']} steps"
+              f"{' (stopped early)' if rec['stopped_early'] else ''}, row entropy "
+              f"{rec['entropy_start']:.4f} -> {entropy_end:.4f}, STS-B dev {_num(rec['dev_start'], '.2f')} "
+              f"-> best {rec['best_dev']:.2f} (step {rec['best_step']}) / end {_num(rec['dev_end'], '.2f')}")
         common.write_text_atomic(folder / DONE, json.dumps(rec, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
@@ -341,9 +388,32 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     return res
 
 
+def _num(x, spec: str) -> str:
+    return "?" if x is None else format(x, spec)  # "?": a DONE.json written before the figure was
+
+
+def summary_row(rec: dict) -> str:
+    """One entropy model's line of the stage-1 summary, from its DONE.json record."""
+    stopped = {True: "yes", False: "no"}.get(rec.get("stopped_early"), "?")
+    return (f"{rec['phi']:>7g}  {rec['steps']:>6}  {stopped:>13}  "
+            f"{_num(rec.get('entropy_start'), '.4f'):>10} -> {_num(rec.get('entropy_end'), '.4f'):<10}  "
+            f"{_num(rec.get('dev_start'), '.2f'):>6} -> {_num(rec['best_dev'], '.2f')} "
+            f"(step {rec['best_step']}) / {_num(rec.get('dev_end'), '.2f')}")
+
+
+def summary_table(records: list[dict]) -> str:
+    """The stage-1 summary: what each entropy model trained and how far it moved from the start."""
+    head = (f"{'phi':>7}  {'steps':>6}  {'stopped early':>13}  {'row entropy start -> end':<24}  "
+            f"STS-B dev start -> best (step) / end")
+    return "\n".join(["Stage 1, entropy models (row entropy: Eq. 2's term on the first training "
+                      "batch, no grad; STS-B dev: Spearman x 100)", head]
+                     + [summary_row(r) for r in records])
+
+
 def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
-    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained."""
-    best_dirs = []
+    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained.
+    Prints the summary table of all of them at the end, from their DONE.json."""
+    best_dirs, start_figures = [], {}
     for phi in args.phi:
         folder = entropy_dir(args.output_dir, phi)
         done = folder / DONE
@@ -359,8 +429,10 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
                 print(f"entropy model phi={phi:g}: reusing {folder / 'best'} (finished at step "
                       f"{rec['steps']}, best STS-B dev {rec['best_dev']:.2f})")
         else:
-            train_entropy_model(args, phi, folder, data, device)
+            train_entropy_model(args, phi, folder, data, device, start_figures)
         best_dirs.append(folder / "best")
+    if common.world()[0] == 0:
+        print(summary_table([json.loads((d.parent / DONE).read_text()) for d in best_dirs]))
     return best_dirs
 
 

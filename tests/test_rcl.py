@@ -428,7 +428,7 @@ def _check_best_loads(best, pooler):
     np.testing.assert_allclose(st, ours, atol=1e-5)
 
 
-def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, capsys):
     out = tmp_path / "run"
     nli = need_shared("data", "nli_sample.csv")
     # spy on common.train: what each stage starts from
@@ -456,16 +456,33 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
         assert all(torch.equal(v, saved[k]) for k, v in f.state_dict().items() if k in saved)
     assert not torch.equal(frozen[0].embeddings.word_embeddings.weight,
                            frozen[1].embeddings.word_embeddings.weight)
+    # the starting checkpoint's figures, measured as rcl.py says it measures them
+    tok, enc = common.load_encoder(str(tiny_bert))
+    dev0 = common.evaluate_sts(common.make_encode(enc, tok, "avg"), small_sts, split="dev")
+    args = rcl.Args(model=str(tiny_bert), data=str(nli), cache_dir=str(cache_dir), batch_size=8)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    h0 = rcl.probe_entropy(rcl.EntropyModel(enc, "avg", 0.01, 0.05), data, args, torch.device("cpu"))
+    summary = capsys.readouterr().out
     for phi in ("0.01", "0.02"):
         folder = out / f"entropy_phi{phi}"
         done = json.loads((folder / rcl.DONE).read_text())
-        assert done["phi"] == float(phi) and 1 <= done["steps"] <= 3
+        # 3 steps; evaluations at 2 and 3 (the last): patience 2 cannot run out
+        assert done["phi"] == float(phi) and done["steps"] == 3 and done["stopped_early"] is False
         assert (folder / "best" / "config.json").is_file()
         recs = _records(folder / "metrics.jsonl")
         assert any("entropy" in r for r in recs)
         # training records at --log_every (10), evaluations and the last step: not every step
         assert [r["step"] for r in recs if "loss" in r] == [2, 3]
         assert not (folder / "best" / "test_metrics.json").exists()   # no 7-task eval in stage 1
+        assert done["dev_start"] == pytest.approx(dev0["STSBenchmark"]["spearman"])
+        assert done["dev_end"] == [r["stsb_dev"] for r in recs if "stsb_dev" in r][-1]
+        assert done["best_dev"] == max(r["stsb_dev"] for r in recs if "stsb_dev" in r)
+        assert done["entropy_start"] == pytest.approx(h0, rel=1e-5)
+        assert done["entropy_end"] != pytest.approx(h0, rel=1e-3)      # lr 1e-3: it moved
+        assert (f"entropy model phi={phi}: 3 steps, row entropy {h0:.4f} -> {done['entropy_end']:.4f}"
+                in summary)
+        assert rcl.summary_row(done) in summary
+    assert summary.count("STS-B dev start -> best (step) / end") == 1
     recs = _records(out / "metrics.jsonl")
     assert any("stsb_dev" in r for r in recs)
     assert any("regulators" in r and r["regulators"] > 0 for r in recs)
@@ -484,6 +501,37 @@ def test_end_to_end_text(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
     args = json.loads((out / "best" / "args.json").read_text())
     assert args["eval_every"] == 11913 // 8 // 10
     _check_best_loads(out / "best", "cls_before_pooler")
+
+
+def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, tmp_path, cache_dir,
+                                                    monkeypatch, capsys):
+    """An entropy model that stopped early says so in DONE.json and in the summary; a resumed
+    run that reuses it prints the same figures without measuring anything again."""
+    out = tmp_path / "run"
+    args = rcl.Args(model=str(tiny_bert), data=str(need_shared("data", "nli_sample.csv")),
+                    sts_dir=str(small_sts), output_dir=str(out), cache_dir=str(cache_dir),
+                    batch_size=8, max_len=16, max_steps=6, eval_every=2, lr=1e-3, phi=[0.03])
+    tok, _ = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    monkeypatch.setattr(rcl, "early_stop", lambda patience: lambda step, loss: True)
+    rcl.entropy_stage(args, data, torch.device("cpu"))
+    done = json.loads((out / "entropy_phi0.03" / rcl.DONE).read_text())
+    assert done["steps"] == 2 and done["stopped_early"] is True and done["best_step"] == 2
+    assert done["dev_end"] == done["best_dev"]
+    assert all(isinstance(done[k], float) for k in ("dev_start", "entropy_start", "entropy_end"))
+    # the weights training ended with are best/'s here (one evaluation): the same probe
+    _, best = common.load_encoder(str(out / "entropy_phi0.03" / "best"))
+    h_end = rcl.probe_entropy(rcl.EntropyModel(best, "avg", 0.03, 0.05), data, args, torch.device("cpu"))
+    assert done["entropy_end"] == pytest.approx(h_end, rel=1e-5)
+    first = capsys.readouterr().out
+    row = rcl.summary_row(done)
+    assert "(stopped early)" in first and row in first and " yes " in row
+
+    monkeypatch.setattr(rcl, "train_entropy_model", lambda *a: pytest.fail("retrained"))
+    monkeypatch.setattr(rcl, "probe_entropy", lambda *a: pytest.fail("measured again"))
+    rcl.entropy_stage(dataclasses.replace(args, resume=True), data, torch.device("cpu"))
+    again = capsys.readouterr().out
+    assert "reusing" in again and row in again and "row entropy start -> end" in again
 
 
 def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
