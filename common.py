@@ -960,9 +960,13 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     and saved, with `pooler`. Shared flags read from args: data, output_dir, max_steps,
     epochs, batch_size, max_len, lr, seed, eval_every, sts_dir, resume (+ weight_decay,
     max_grad_norm, log_every, compile when present). `log_extra()` adds evaluation-time
-    figures (e.g. alignment/uniformity); `should_stop(step, loss)` ends training early (its
-    state_dict(), if it has one, is saved with the checkpoint and restored on --resume).
-    Returns {"best_dev": ..., "best_step": ..., "test": evaluate_sts(...) or None}."""
+    figures (e.g. alignment/uniformity). `should_stop(step, loss)` is called just before each
+    evaluation (every eval_every steps and the last), with the mean training loss over the
+    steps since the previous one, and ends training there when True; its state_dict(), if it
+    has one, is saved with the checkpoint and restored on --resume (the interval's running sum
+    is not: checkpoints are written at evaluations, so it restarts from zero anyway).
+    Returns {"best_dev", "best_step", "steps", "stopped_early" (should_stop ended training
+    before its last step), "test": evaluate_sts(...) or None}."""
     out = Path(output_dir or args.output_dir)
     rank, world_size = world()
     main_proc = rank == 0
@@ -1045,6 +1049,7 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     t0, seen, loss_sum, loss_count, stats_sum = time.perf_counter(), 0, torch.zeros((), device=device), 0, {}
     epoch = step // steps_per_epoch
     stopped = None
+    interval_sum, interval_count = torch.zeros((), device=device), 0   # should_stop's loss
     while step < total and stopped is None:
         plan = batch_plan(n, args.batch_size, args.seed, epoch)
         for b in range(step - epoch * steps_per_epoch, steps_per_epoch):
@@ -1058,9 +1063,11 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
             bad |= ~torch.isfinite(loss)
             loss_sum += loss.detach()
             loss_count += 1
+            interval_sum += loss.detach()
+            interval_count += 1
             for k, v in stats.items():
                 stats_sum[k] = stats_sum.get(k, 0) + v.detach().float()
-            check_now = step % log_every == 0 or step % eval_every == 0 or step == total or should_stop
+            check_now = step % log_every == 0 or step % eval_every == 0 or step == total
             if check_now:
                 if bool(bad):
                     stopped = "nan"
@@ -1075,10 +1082,11 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                 bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{rec['lr']:.2e}",
                                 sent_s=f"{rec['sent_per_s']:.0f}")
                 t0, seen, loss_sum, loss_count, stats_sum = time.perf_counter(), 0, torch.zeros((), device=device), 0, {}
-                if should_stop is not None and should_stop(step, mean_loss):
-                    stopped = "early"
             bar.update(1)
-            if step % eval_every == 0 or step == total or stopped == "early":
+            if step % eval_every == 0 or step == total:
+                if should_stop is not None and should_stop(step, float(interval_sum) / interval_count):
+                    stopped = "early"
+                interval_sum, interval_count = torch.zeros((), device=device), 0
                 r = evaluate_and_save(step)
                 if main_proc and "stsb_dev" in r:
                     bar.write(f"step {step}: STS-B dev {r['stsb_dev']:.2f}  SICK-R dev "
@@ -1093,7 +1101,8 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                f"{'' if best_step else ' (none was saved yet)'}. Try a lower --lr, or check the "
                f"data for degenerate lines.")
         raise UserError(msg)
-    result: dict[str, Any] = {"best_dev": best, "best_step": best_step, "steps": step, "test": None}
+    result: dict[str, Any] = {"best_dev": best, "best_step": best_step, "steps": step,
+                              "stopped_early": stopped == "early" and step < total, "test": None}
     if final_eval and main_proc:
         result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name,
                                       device, mlp_kept=(pooler == "cls"))

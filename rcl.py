@@ -5,7 +5,8 @@ BibTeX key: tan2022regularized.
 
 What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
   - stage 1: one "entropy model" per phi, trained from the same checkpoint with the contrastive
-    loss plus phi times the entropy of each row's softmax over the off-diagonal columns (Eq. 2);
+    loss plus phi times -sum_{j != i} s_ij log s_ij (Eq. 2), s_i being row i's softmax over all
+    columns (its positive and any hard negatives included): only the entropy sum skips j = i;
   - stage 2: the final model, again from the original checkpoint, with the contrastive loss plus
     two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
     embeddings of the same sentences against the batch (Eq. 3).
@@ -36,8 +37,8 @@ Under DDP (torchrun): every embedding the losses use (q, ind's positives and har
 gathered separately so that the positives stay first, and every Au) goes through
 common.gather, so each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen
 entropy models run on each rank's own rows only (no gradient, nothing to synchronise), and
-early stopping reads the global loss, which is the same on every rank, so all ranks stop at
-the same step. Markers are written by rank 0.
+early stopping reads the mean of the global loss since the previous evaluation, which is the
+same on every rank, so all ranks stop at the same evaluation. Markers are written by rank 0.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class Args:
     phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
                            "model per value (negative values allowed, Algorithm 1)", "paper App. A")
     tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours")
-    patience: int = arg(3, "stop an entropy model when its loss has not decreased for this many "
-                        "steps (0 = no early stopping)", "paper App. A")
+    patience: int = arg(3, "stop an entropy model when its mean training loss between two STS-B "
+                        "dev evaluations has not decreased for this many evaluations (0 = no "
+                        "early stopping)", "paper App. A")
     pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
                       "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
     weight_decay: float = arg(0.0, "AdamW weight decay", "ours")
@@ -172,9 +174,16 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class EarlyStop:
-    """App. A: stop an entropy model once its loss has not decreased for `patience` steps.
-    NOTE(ours): the loss compared is each step's own (common.train passes it every step when
-    should_stop is set), read literally; the best checkpoint by STS-B dev is the one used."""
+    """App. A: stop an entropy model once its loss has not decreased for `patience` evaluations.
+    common.train calls it at each STS-B dev evaluation (every 10% of the data by default) with
+    the mean training loss over the steps since the previous evaluation.
+    NOTE(ours): the paper's "3 steps" read as 3 evaluations (as HF's EarlyStoppingCallback counts
+    patience): one batch's loss is noise, and 3 batches without a new low stop a model after
+    about 6 steps, a near-copy of its start.
+    NOTE(ours): the loss is the interval's mean training loss, not a loss on held-out pairs: no
+    data is set aside and no extra pass is run, and a mean over 10% of the data is far less
+    noisy than one batch.
+    Stage 2 uses the entropy model's best checkpoint by STS-B dev, not its last."""
 
     def __init__(self, patience: int):
         self.patience, self.best, self.since = patience, math.inf, 0
@@ -313,8 +322,40 @@ def start(args: Args) -> torch.device:
     return common.start(args)
 
 
-def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device) -> dict:
-    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end."""
+@torch.no_grad()
+def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.device) -> float:
+    """Row entropy (Eq. 2's term, the log's "entropy") of `model` on the first training batch.
+    NOTE(ours): "row entropy at the start / end" is this no-grad pass, before and after training,
+    with dropout on as in training and the same dropout draw both times: the same batch and the
+    same masks, so start -> end differs only by the weights (the first training record would mix
+    in --log_every steps of training and other batches). The global RNG is left as it was."""
+    rank, world_size = common.world()
+    local_bs = args.batch_size // world_size
+    n = len(next(iter(data.values())))
+    idx = common.batch_plan(n, args.batch_size, args.seed, 0)[0, rank * local_bs:(rank + 1) * local_bs]
+    batch = common.device_batch(data, idx, None, device)
+    was_training = model.training
+    model.train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed)
+        with common.autocast(device):
+            _, stats = model(batch)
+    model.train(was_training)
+    return float(stats["entropy"])
+
+
+def last_dev(folder: Path) -> float | None:
+    """STS-B dev of the last evaluation in folder/metrics.jsonl: the weights training ended with."""
+    recs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    devs = [r["stsb_dev"] for r in recs if "stsb_dev" in r]
+    return devs[-1] if devs else None
+
+
+def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device,
+                        start_figures: dict | None = None) -> dict:
+    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end,
+    with the figures of the summary. `start_figures` caches the starting checkpoint's row
+    entropy and STS-B dev (the same for every phi): measured here on first use."""
     main_proc = common.world()[0] == 0
     if main_proc and folder.exists() and not (folder / "last" / "state.pt").exists():
         shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
@@ -323,11 +364,26 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
     model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
+    at_start = {} if start_figures is None else start_figures
+    if not at_start:  # the starting checkpoint (common.train loads last/ only later, on --resume)
+        at_start["entropy_start"] = probe_entropy(model, data, args, device)
+        if main_proc:
+            dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
+                                      args.sts_dir, split="dev")
+            at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
     res = common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, output_dir=folder,
                        should_stop=early_stop(args.patience), final_eval=False)
+    entropy_end = probe_entropy(model, data, args, device)   # the weights training ended with
     if main_proc:
-        rec = {**marker_record(args, phi), "steps": res["steps"], "best_dev": res["best_dev"],
-               "best_step": res["best_step"]}
+        rec = {**marker_record(args, phi), "steps": res["steps"],
+               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
+               "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
+               "dev_end": last_dev(folder), "entropy_start": at_start["entropy_start"],
+               "entropy_end": entropy_end}
+        print(f"entropy model phi={phi:g}: {rec['steps']} steps"
+              f"{' (stopped early)' if rec['stopped_early'] else ''}, row entropy "
+              f"{rec['entropy_start']:.4f} -> {entropy_end:.4f}, STS-B dev {_num(rec['dev_start'], '.2f')} "
+              f"-> best {rec['best_dev']:.2f} (step {rec['best_step']}) / end {_num(rec['dev_end'], '.2f')}")
         common.write_text_atomic(folder / DONE, json.dumps(rec, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
@@ -336,9 +392,32 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     return res
 
 
+def _num(x, spec: str) -> str:
+    return "?" if x is None else format(x, spec)  # "?": a DONE.json written before the figure was
+
+
+def summary_row(rec: dict) -> str:
+    """One entropy model's line of the stage-1 summary, from its DONE.json record."""
+    stopped = {True: "yes", False: "no"}.get(rec.get("stopped_early"), "?")
+    return (f"{rec['phi']:>7g}  {rec['steps']:>6}  {stopped:>13}  "
+            f"{_num(rec.get('entropy_start'), '.4f'):>10} -> {_num(rec.get('entropy_end'), '.4f'):<10}  "
+            f"{_num(rec.get('dev_start'), '.2f'):>6} -> {_num(rec['best_dev'], '.2f')} "
+            f"(step {rec['best_step']}) / {_num(rec.get('dev_end'), '.2f')}")
+
+
+def summary_table(records: list[dict]) -> str:
+    """The stage-1 summary: what each entropy model trained and how far it moved from the start."""
+    head = (f"{'phi':>7}  {'steps':>6}  {'stopped early':>13}  {'row entropy start -> end':<24}  "
+            f"STS-B dev start -> best (step) / end")
+    return "\n".join(["Stage 1, entropy models (row entropy: Eq. 2's term on the first training "
+                      "batch, no grad; STS-B dev: Spearman x 100)", head]
+                     + [summary_row(r) for r in records])
+
+
 def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
-    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained."""
-    best_dirs = []
+    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained.
+    Prints the summary table of all of them at the end, from their DONE.json."""
+    best_dirs, start_figures = [], {}
     for phi in args.phi:
         folder = entropy_dir(args.output_dir, phi)
         done = folder / DONE
@@ -354,8 +433,10 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
                 print(f"entropy model phi={phi:g}: reusing {folder / 'best'} (finished at step "
                       f"{rec['steps']}, best STS-B dev {rec['best_dev']:.2f})")
         else:
-            train_entropy_model(args, phi, folder, data, device)
+            train_entropy_model(args, phi, folder, data, device, start_figures)
         best_dirs.append(folder / "best")
+    if common.world()[0] == 0:
+        print(summary_table([json.loads((d.parent / DONE).read_text()) for d in best_dirs]))
     return best_dirs
 
 

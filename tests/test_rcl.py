@@ -205,10 +205,11 @@ def test_regularized_loss_mismatched_lists():
 # ------------------------------------------------------------------------------------
 
 def test_early_stop_patience():
+    """Patience counted in calls, i.e. evaluations: common.train calls it at each one."""
     stop = rcl.early_stop(3)
     losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
     fired = [stop(s, l) for s, l in enumerate(losses, 1)]
-    # 3.9 at step 5 is the last decrease; steps 6, 7, 8 do not beat it -> stop at step 8
+    # 3.9 at evaluation 5 is the last decrease; 6, 7, 8 do not beat it -> stop at evaluation 8
     assert fired == [False] * 7 + [True]
     stop = rcl.early_stop(1)
     assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
@@ -221,10 +222,80 @@ def test_early_stop_state_round_trip():
     fired = [a(s, l) for s, l in enumerate(losses, 1)]
     b = rcl.early_stop(3)
     b.load_state_dict(a.state_dict())
-    # 4.0 at step 2 still the best; steps 3, 4, 5 did not beat it: a and b both fire now
+    # 4.0 at evaluation 2 still the best; 3, 4, 5 did not beat it: a and b both fire now
     assert fired[-1] and b(6, 4.8) and a(6, 4.8)
     fresh = rcl.early_stop(3)
     assert not fresh(6, 4.8)
+
+
+# Noisy batches: within each interval of 10 steps the single-batch losses rise and fall
+# around the interval's mean (ZIG sums to 0), so the interval means are exactly BASES.
+ZIG = [0.0, 0.5, 0.6, 0.7, -0.9, 0.3, 0.2, 0.1, -0.8, -0.7]
+FALLING = [5.0, 4.9, 4.8, 4.7, 4.6, 4.5]        # the mean falls at every evaluation
+PLATEAU = [5.0, 4.9, 4.9, 4.95, 4.9, 4.8]       # no new low at evaluations 3, 4, 5
+
+
+def _batches(bases):
+    return [b + z for b in bases for z in ZIG]
+
+
+class Scripted(torch.nn.Module):
+    """A model whose training loss is a given sequence, one value a step; the encoder is only
+    evaluated and saved (it gets no gradient)."""
+
+    def __init__(self, encoder, losses):
+        super().__init__()
+        self.encoder, self.losses, self.t = encoder, losses, 0
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, batch):
+        loss = self.w * 0 + self.losses[self.t]
+        self.t += 1
+        return loss
+
+
+def _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, should_stop, **flags):
+    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
+                    output_dir=str(out), cache_dir=str(cache_dir), batch_size=8, max_len=16,
+                    max_steps=len(losses), eval_every=10, **flags)
+    out.mkdir()
+    tok, enc = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    return common.train(args, Scripted(enc, losses), data, tok, enc, pooler=args.pooler,
+                        should_stop=should_stop, final_eval=False)
+
+
+def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """common.train calls should_stop at each evaluation only (every --eval_every steps and the
+    last step), with the mean loss of the steps since the previous evaluation; training
+    records follow --log_every, not every step."""
+    losses = _batches(FALLING)[:25]
+    seen = []
+    # it fires at the last evaluation only: training ran all its steps, not "stopped early"
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "run", cache_dir, losses,
+                          lambda step, loss: seen.append((step, loss)) or step == 25, log_every=4)
+    assert [s for s, _ in seen] == [10, 20, 25]
+    assert [l for _, l in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
+    recs = _records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if "loss" in r] == [4, 8, 10, 12, 16, 20, 24, 25]
+    assert [r["step"] for r in recs if "stsb_dev" in r] == [10, 20, 25]
+    assert res["steps"] == 25 and not res["stopped_early"]
+
+
+def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """Single batches rise for 3 steps right at the start: compared batch by batch (the old
+    reading of "3 steps") training stops at step 4; compared as interval means at evaluations
+    it trains on while the mean falls, and still stops on a plateau."""
+    old = rcl.early_stop(3)
+    assert next(s for s, l in enumerate(_batches(FALLING), 1) if old(s, l)) == 4
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "falling", cache_dir,
+                          _batches(FALLING), rcl.early_stop(3))
+    assert res["steps"] == 60 and not res["stopped_early"]
+    # interval means 5, 4.9 | 4.9, 4.95, 4.9: three evaluations without a new low -> step 50
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "plateau", cache_dir,
+                          _batches(PLATEAU), rcl.early_stop(3))
+    assert res["steps"] == 50 and res["stopped_early"]
+    assert max(r["step"] for r in _records(tmp_path / "plateau" / "metrics.jsonl")) == 50
 
 
 def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
@@ -256,7 +327,7 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_hea
         common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, enc,
                      pooler=a.pooler, should_stop=stop, final_eval=False)
         counts.append(stop.n)
-    assert counts == [4, 6]      # 4 restored from last/, then steps 5 and 6
+    assert counts == [2, 3]      # evaluations at steps 2, 4; 2 restored from last/, then step 6
 
 
 # ------------------------------------------------------------------------------------
@@ -357,7 +428,7 @@ def _check_best_loads(best, pooler):
     np.testing.assert_allclose(st, ours, atol=1e-5)
 
 
-def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, capsys):
     out = tmp_path / "run"
     nli = need_shared("data", "nli_sample.csv")
     # spy on common.train: what each stage starts from
@@ -385,13 +456,33 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
         assert all(torch.equal(v, saved[k]) for k, v in f.state_dict().items() if k in saved)
     assert not torch.equal(frozen[0].embeddings.word_embeddings.weight,
                            frozen[1].embeddings.word_embeddings.weight)
+    # the starting checkpoint's figures, measured as rcl.py says it measures them
+    tok, enc = common.load_encoder(str(tiny_bert))
+    dev0 = common.evaluate_sts(common.make_encode(enc, tok, "avg"), small_sts, split="dev")
+    args = rcl.Args(model=str(tiny_bert), data=str(nli), cache_dir=str(cache_dir), batch_size=8)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    h0 = rcl.probe_entropy(rcl.EntropyModel(enc, "avg", 0.01, 0.05), data, args, torch.device("cpu"))
+    summary = capsys.readouterr().out
     for phi in ("0.01", "0.02"):
         folder = out / f"entropy_phi{phi}"
         done = json.loads((folder / rcl.DONE).read_text())
-        assert done["phi"] == float(phi) and 1 <= done["steps"] <= 3
+        # 3 steps; evaluations at 2 and 3 (the last): patience 2 cannot run out
+        assert done["phi"] == float(phi) and done["steps"] == 3 and done["stopped_early"] is False
         assert (folder / "best" / "config.json").is_file()
-        assert any("entropy" in r for r in _records(folder / "metrics.jsonl"))
+        recs = _records(folder / "metrics.jsonl")
+        assert any("entropy" in r for r in recs)
+        # training records at --log_every (10), evaluations and the last step: not every step
+        assert [r["step"] for r in recs if "loss" in r] == [2, 3]
         assert not (folder / "best" / "test_metrics.json").exists()   # no 7-task eval in stage 1
+        assert done["dev_start"] == pytest.approx(dev0["STSBenchmark"]["spearman"])
+        assert done["dev_end"] == [r["stsb_dev"] for r in recs if "stsb_dev" in r][-1]
+        assert done["best_dev"] == max(r["stsb_dev"] for r in recs if "stsb_dev" in r)
+        assert done["entropy_start"] == pytest.approx(h0, rel=1e-5)
+        assert done["entropy_end"] != pytest.approx(h0, rel=1e-3)      # lr 1e-3: it moved
+        assert (f"entropy model phi={phi}: 3 steps, row entropy {h0:.4f} -> {done['entropy_end']:.4f}"
+                in summary)
+        assert rcl.summary_row(done) in summary
+    assert summary.count("STS-B dev start -> best (step) / end") == 1
     recs = _records(out / "metrics.jsonl")
     assert any("stsb_dev" in r for r in recs)
     assert any("regulators" in r and r["regulators"] > 0 for r in recs)
@@ -410,6 +501,37 @@ def test_end_to_end_text(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
     args = json.loads((out / "best" / "args.json").read_text())
     assert args["eval_every"] == 11913 // 8 // 10
     _check_best_loads(out / "best", "cls_before_pooler")
+
+
+def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, tmp_path, cache_dir,
+                                                    monkeypatch, capsys):
+    """An entropy model that stopped early says so in DONE.json and in the summary; a resumed
+    run that reuses it prints the same figures without measuring anything again."""
+    out = tmp_path / "run"
+    args = rcl.Args(model=str(tiny_bert), data=str(need_shared("data", "nli_sample.csv")),
+                    sts_dir=str(small_sts), output_dir=str(out), cache_dir=str(cache_dir),
+                    batch_size=8, max_len=16, max_steps=6, eval_every=2, lr=1e-3, phi=[0.03])
+    tok, _ = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    monkeypatch.setattr(rcl, "early_stop", lambda patience: lambda step, loss: True)
+    rcl.entropy_stage(args, data, torch.device("cpu"))
+    done = json.loads((out / "entropy_phi0.03" / rcl.DONE).read_text())
+    assert done["steps"] == 2 and done["stopped_early"] is True and done["best_step"] == 2
+    assert done["dev_end"] == done["best_dev"]
+    assert all(isinstance(done[k], float) for k in ("dev_start", "entropy_start", "entropy_end"))
+    # the weights training ended with are best/'s here (one evaluation): the same probe
+    _, best = common.load_encoder(str(out / "entropy_phi0.03" / "best"))
+    h_end = rcl.probe_entropy(rcl.EntropyModel(best, "avg", 0.03, 0.05), data, args, torch.device("cpu"))
+    assert done["entropy_end"] == pytest.approx(h_end, rel=1e-5)
+    first = capsys.readouterr().out
+    row = rcl.summary_row(done)
+    assert "(stopped early)" in first and row in first and " yes " in row
+
+    monkeypatch.setattr(rcl, "train_entropy_model", lambda *a: pytest.fail("retrained"))
+    monkeypatch.setattr(rcl, "probe_entropy", lambda *a: pytest.fail("measured again"))
+    rcl.entropy_stage(dataclasses.replace(args, resume=True), data, torch.device("cpu"))
+    again = capsys.readouterr().out
+    assert "reusing" in again and row in again and "row entropy start -> end" in again
 
 
 def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
