@@ -514,6 +514,7 @@ def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path
         if prefix == "auto":
             prefix = T5_PREFIX if model.config.model_type == "t5" else ""
         batch_size = a.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
+        print(f"translating {len(src) - done} sentences of {a.data} into {out}", file=sys.stderr)
         bar = common.progress(total=len(src), desc="translating", unit="sent", initial=done)
         empty, t0 = 0, time.perf_counter()
         with open(part, "a", encoding="utf-8") as f:
@@ -551,8 +552,8 @@ def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path
             torch.cuda.empty_cache()                    # the GPU's memory goes back to training
     n_out = common.count_lines(part)
     if n_out != len(src):
-        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected; "
-                        f"delete it and {meta} and translate again.")
+        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
+                        f"translate into it at once?); delete it and {meta} and translate again.")
     os.replace(part, out)
     meta.unlink(missing_ok=True)
     print(f"{out}: {len(src)} lines", file=sys.stderr)
@@ -599,7 +600,11 @@ def make_fraternal_file(args: Args, device: torch.device) -> None:
         translate_file(TranslateArgs(data=args.data, out=str(out), mt_model=args.mt_model), device)
     except BaseException as e:
         if world_size > 1:
-            common.write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
+            try:                                        # never hide e behind a failed note
+                out.parent.mkdir(parents=True, exist_ok=True)
+                common.write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
+            except OSError:
+                pass
         raise
 
 

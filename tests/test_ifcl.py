@@ -569,6 +569,24 @@ def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
         ifcl.wait_for_file(Path(args.fraternal_data), poll_s=0.02)
 
 
+
+def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt):
+    """Its config loads (the check before start() passes) but its weights are gone: rank 0
+    fails while translating, and the launch ends (no rank left waiting) with its message."""
+    mt = tmp_path / "mt"
+    shutil.copytree(tiny_mt, mt)
+    (mt / "model.safetensors").unlink()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
+                        *run_base(tmp_path, parallel, "--mt_model", str(mt))],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0
+    assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
+    assert "rank 1: waiting for rank 0" in r.stderr
+    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
+    assert not german.exists()
+
 def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
                                                                           monkeypatch):
     german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
