@@ -369,7 +369,8 @@ def check_fraternal_file(args: Args) -> None:
     if not Path(args.fraternal_data).is_file():
         raise UserError(f"--fraternal_data {args.fraternal_data}: no such file. Leave the flag out "
                         f"to translate --data with --mt_model {args.mt_model} on the first run, or "
-                        f"make the file with `{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
+                        f"make the file with "
+                        f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
 
 
 def read_fraternal(args: Args, n: int, made_here: bool = False) -> list[str]:
@@ -386,7 +387,8 @@ def read_fraternal(args: Args, n: int, made_here: bool = False) -> list[str]:
                         f"with --fraternal_data.")
     raise UserError(f"--fraternal_data {args.fraternal_data} has {len(de)} sentences but --data "
                     f"{args.data} has {n}: the files must be parallel, line by line. Make it "
-                    f"again with `{translate_command(args.data, args.fraternal_data + '.new', args.mt_model)}`, or "
+                    f"again with "
+                    f"`{translate_command(args.data, args.fraternal_data + '.new', args.mt_model)}`, or "
                     f"leave --fraternal_data out to have it made on the first run.")
 
 
