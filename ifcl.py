@@ -11,14 +11,22 @@ What it adds to SimCSE:
   - a hippocampus queue of earlier anchors as extra negatives, older ones down-weighted (Eq. 4, 6).
 
 Run:
-  python ifcl.py translate --data data/wiki1m_for_simcse.txt --out data/wiki1m_for_simcse.de.txt
-  python ifcl.py --fraternal_data data/wiki1m_for_simcse.de.txt     # bert-base + mBERT embeddings
+  python ifcl.py --data wiki1m_for_simcse.txt     # bert-base + mBERT embeddings, Tab. 6's settings
+The first run translates --data into German with --mt_model (t5-base, downloaded from the
+Hugging Face hub on that run only), greedy and batched by length, with a progress bar
+(sentences, sentences/s, time left), into wiki1m_for_simcse.de.t5-base.txt beside --data (or
+under --cache_dir), then trains. How long that takes: README.md, "IFCL" (a GPU is the place for
+it; t5-base's figure there is still to be measured, with the command to measure it). A killed
+translation continues where it stopped; later runs find the file and train at once.
+  python ifcl.py translate --data wiki1m_for_simcse.txt   # the same file, without training
+  python ifcl.py --fraternal_data my.de.txt                # German lines made elsewhere
   python ifcl.py --model ../shared/models/all-MiniLM-L6-v2 --fraternal_model ../shared/models/all-MiniLM-L6-v2 \\
       --data ../shared/data/multi30k/train.en --fraternal_data ../shared/data/multi30k/train.de \\
       --sts_dir ../shared/data/sts --output_dir runs/ifcl-minilm   # the small real testbed (README)
   python ifcl.py ... --max_steps 20 --batch_size 16 --eval_every 10  # a quick CPU run
   python ifcl.py ... --no_queue                                      # Table 2, "w/o HQ"
-  (Table 2: --no_fraternal = w/o FI, TL; --no_twins --no_queue = w/o TL, HQ; all three = SimCSE)
+  (Table 2: --no_fraternal = w/o FI, TL, needs no German; --no_twins --no_queue = w/o TL, HQ;
+  all three = SimCSE)
 
 Measured numbers: README.md, "Results" (the multi30k + MiniLM testbed of ../shared/README.md;
 the bert-base recipe prints the paper's Table 1 row beside yours at the end of a run).
@@ -27,6 +35,8 @@ Under DDP (torchrun): h, h^+, h^- and the innate margins are gathered from every
 the losses, so Eq. (6)-(8) see the global batch; every rank pushes the same gathered anchors
 into its own copy of the queue, so the queues stay identical, and N in Eq. (4) is the global
 batch size. The frozen fraternal embedding layer runs on each rank's own rows only.
+On the first run rank 0 translates while the other ranks wait for the file (polling it, as a
+collective's timeout is shorter than a translation), then every rank reads it.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import json
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +65,11 @@ from common import UserError, arg
 @dataclass
 class Args:
     data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
-    fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it "
-                              "(make it with `python ifcl.py translate`)", "paper Sec. 4.1")
+    fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
+                              "left out: made from --data with --mt_model on the first run and "
+                              "kept beside --data (or in --cache_dir) for the next ones", "paper Sec. 4.1")
+    mt_model: str = arg("t5-base", "any Hugging Face seq2seq model that translates --data when "
+                        "--fraternal_data is left out (T5: the paper; the size is ours)", "paper Sec. 4.1")
     model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper App. C")
     fraternal_model: str = arg("bert-base-multilingual-uncased", "model whose embedding layer and "
                                "tokenizer embed the German side (BEL_F)", "paper App. C")
@@ -89,19 +103,25 @@ class Args:
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient-norm clip")
     log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
+    cache_dir: str = arg("", "where tokenised data is cached, and the German file made from --data "
+                         "(default: .cache/ and the German file beside --data)")
     compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
 
 
 @dataclass
 class TranslateArgs:
     data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line")
-    out: str = arg("", "where the German lines go (written as <out>.part until complete)")
+    out: str = arg("", "where the German lines go (written as <out>.part until complete); left "
+                   "out: where `python ifcl.py` looks for them, <data>.de.<mt_model>.txt")
+    cache_dir: str = arg("", "with --out left out: put the file here, not beside --data")
     mt_model: str = arg("t5-base", "any Hugging Face seq2seq model (T5: the paper; the size is ours; "
                         "Helsinki-NLP/opus-mt-en-de also works)", "paper Sec. 4.1")
     prefix: str = arg("auto", "text put before each sentence; auto = T5's 'translate English to "
                       "German: ' for T5 models, nothing otherwise", "ours")
-    batch_size: int = arg(64, "sentences per generate() call")
+    batch_size: int = arg(0, "sentences per generate() call, halved whenever the GPU runs out of "
+                          "memory; 0 = 1024 on CUDA, 64 on the CPU")
+    chunk_size: int = arg(16384, "sentences sorted by length together and appended to the file "
+                          "together (a kill loses at most one chunk's work)")
     max_source_len: int = arg(256, "source tokens kept per sentence")
     max_new_tokens: int = arg(128, "generated tokens per sentence at most")
     num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)")
@@ -112,6 +132,7 @@ PAPER = {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16"
          "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}
 
 T5_PREFIX = "translate English to German: "
+AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0 of `translate`
 
 
 # =====================================================================================
@@ -309,47 +330,152 @@ class IFCL(nn.Module):
 
 
 # =====================================================================================
-# Fraternal sentences: the translate command and the parallel-file check
+# Fraternal sentences: --data translated once (resumable), the parallel-file check
 # =====================================================================================
 
-def translate_command(data: str, out: str | None = None) -> str:
-    out = out or str(Path(data).with_suffix("")) + ".de.txt"
-    return f"python ifcl.py translate --data {data} --out {out} --mt_model t5-base"
+def translate_command(data: str, out: str | None = None, mt_model: str = "t5-base") -> str:
+    out = f" --out {out}" if out else ""
+    return f"python ifcl.py translate --data {data}{out} --mt_model {mt_model}"
+
+
+def mt_slug(mt_model: str) -> str:
+    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
+    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
+    NOTE(ours): the name carries the model so that a file made by one model is never taken
+    for another's; two local folders both called 'mt' get different names."""
+    p = Path(mt_model).expanduser()
+    if p.is_dir():
+        full = str(p.resolve())
+        name = f"{p.resolve().name}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
+    else:
+        name = mt_model.replace("/", "--")
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Path:
+    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside
+    --data, or under --cache_dir when given or when --data's folder is not writable."""
+    data_p = Path(data)
+    name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
+    if cache_dir:
+        return Path(cache_dir) / name
+    folder = data_p.resolve().parent
+    probe = folder
+    while not probe.exists():            # data/ before its first download: it will be created
+        probe = probe.parent
+    if os.access(probe, os.W_OK):
+        return folder / name
+    return common.default_cache_dir(data, "") / name
 
 
 def check_fraternal_file(args: Args) -> None:
-    """Stop before anything is loaded when the German file is missing."""
-    if not args.fraternal_data:
-        raise UserError(f"--fraternal_data is needed: German translations of --data, one a line. "
-                        f"Make it with `{translate_command(args.data)}` and pass it, or run "
-                        f"without fraternal twins (--no_fraternal).")
+    """Stop before anything is loaded when a --fraternal_data given by the user is missing."""
     if not Path(args.fraternal_data).is_file():
-        raise UserError(f"--fraternal_data {args.fraternal_data}: no such file. Make it with "
-                        f"`{translate_command(args.data, args.fraternal_data)}`.")
+        raise UserError(f"--fraternal_data {args.fraternal_data}: no such file. Leave the flag out "
+                        f"to translate --data with --mt_model {args.mt_model} on the first run, or "
+                        f"make the file with "
+                        f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
 
 
-def read_fraternal(args: Args, n: int) -> list[str]:
-    """The German lines, one per English sentence of --data (blank lines skipped in both)."""
+def read_fraternal(args: Args, n: int, made_here: bool = False) -> list[str]:
+    """The German lines, one per English sentence of --data (blank lines skipped in both).
+    `made_here`: the file is the one this script made from --data (not a user's --fraternal_data)."""
     de = common.read_sentences(args.fraternal_data, "--fraternal_data")
-    if len(de) != n:
-        raise UserError(f"--fraternal_data {args.fraternal_data} has {len(de)} sentences but --data "
-                        f"{args.data} has {n}: the files must be parallel, line by line. Make it "
-                        f"again with `{translate_command(args.data, args.fraternal_data)}` (to a new "
-                        f"--out).")
-    return de
+    if len(de) == n:
+        return de
+    if made_here:
+        raise UserError(f"{args.fraternal_data} (the German file made earlier from a --data of this "
+                        f"name with --mt_model {args.mt_model}) has {len(de)} sentences but --data "
+                        f"{args.data} has {n}: --data has changed since. Delete "
+                        f"{args.fraternal_data} to translate --data again, or pass a parallel file "
+                        f"with --fraternal_data.")
+    raise UserError(f"--fraternal_data {args.fraternal_data} has {len(de)} sentences but --data "
+                    f"{args.data} has {n}: the files must be parallel, line by line. Make it "
+                    f"again with "
+                    f"`{translate_command(args.data, args.fraternal_data + '.new', args.mt_model)}`, or "
+                    f"leave --fraternal_data out to have it made on the first run.")
 
 
-def translate(argv: list[str]) -> Path:
-    """Translate --data into --out with a seq2seq model: batched, with a progress bar, and
-    resumable. Lines go to <out>.part (flushed after each batch) beside <out>.part.json, which
-    says what is being translated; <out> appears only when every line is done, so a partial
-    file is never taken for a finished one. A killed run continues where <out>.part stops."""
-    a = common.parse_args(TranslateArgs, argv, description=translate.__doc__)
+def mt_model_error(name: str, e: Exception) -> UserError:
+    return UserError(f"--mt_model {name}: could not load it as a seq2seq model "
+                     f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Translating --data "
+                     f"into German needs it once (the file is kept and reused): give a hub name with "
+                     f"the hub reachable, or a local folder. Or make the German file elsewhere with "
+                     f"`python ifcl.py translate --data DATA --out FILE` and pass --fraternal_data FILE.")
+
+
+def check_mt_model(name: str) -> None:
+    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
+    possibly a download of a gigabyte, are loaded by the rank that translates)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise mt_model_error(name, e)
+    if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        raise mt_model_error(name, ValueError(f"its model type '{config.model_type}' is not a "
+                                              f"sequence-to-sequence model"))
+
+
+def load_mt_model(name: str, device: torch.device):
+    """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
+    NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise mt_model_error(name, e)
+    return tok, model
+
+
+def translate_chunk(model, tok, texts: list[str], a: TranslateArgs, prefix: str,
+                    device: torch.device, batch_size: int, on_batch) -> tuple[list[str], int]:
+    """Translate `texts` in batches of similar length (greedy unless --num_beams) and return
+    them in the input's order, with the batch size that fitted: on running out of GPU memory
+    the batch is halved and tried again. `on_batch(k)` is called after each batch of k."""
+    ids = tok([prefix + t for t in texts], truncation=True, max_length=a.max_source_len)["input_ids"]
+    # longest first (stable: ties keep the input's order), so a batch that does not fit in
+    # memory is met at the start of the chunk; similar lengths waste little on padding
+    order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    out: list[str] = [""] * len(texts)
+    i = 0
+    while i < len(order):
+        rows = order[i:i + batch_size]
+        width = max(len(ids[r]) for r in rows)
+        x = torch.full((len(rows), width), pad, dtype=torch.long)           # (B, L)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)             # (B, L)
+        for k, r in enumerate(rows):
+            x[k, :len(ids[r])] = torch.tensor(ids[r])
+            mask[k, :len(ids[r])] = 1
+        gen = None
+        try:
+            with torch.inference_mode():
+                gen = model.generate(input_ids=x.to(device), attention_mask=mask.to(device),
+                                     num_beams=a.num_beams, do_sample=False,
+                                     max_new_tokens=a.max_new_tokens)       # (B, T)
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+        if gen is None:                                 # outside the except: its frames freed
+            batch_size //= 2
+            torch.cuda.empty_cache()
+            print(f"note: out of GPU memory; translating in batches of {batch_size}", file=sys.stderr)
+            continue
+        for r, t in zip(rows, tok.batch_decode(gen, skip_special_tokens=True)):
+            out[r] = " ".join(t.split())                # one line each, whatever it generated
+        i += len(rows)
+        on_batch(len(rows))
+    return out, batch_size
+
+
+def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path:
+    """Translate --data into --out (see `translate`); returns the finished file."""
     src = common.read_sentences(a.data, "--data")
-    if not a.out:
-        raise UserError(f"--out is needed: where the German lines go, e.g. "
-                        f"`{translate_command(a.data)}`.")
-    out = Path(a.out)
+    out = Path(a.out) if a.out else default_fraternal_path(a.data, a.mt_model, a.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     if out.exists():
         k = common.count_lines(out)
@@ -358,6 +484,9 @@ def translate(argv: list[str]) -> Path:
             return out
         raise UserError(f"--out {out} exists with {k} lines but --data {a.data} has {len(src)} "
                         f"sentences. Delete it or choose another --out.")
+    if a.batch_size < 0 or a.chunk_size < 1:
+        raise UserError(f"--batch_size {a.batch_size} / --chunk_size {a.chunk_size}: the batch must "
+                        f"be 0 (automatic) or more, the chunk at least 1.")
     h = hashlib.sha256("\n".join(src).encode()).hexdigest()
     key = {"data_sha256": h, "lines": len(src), "mt_model": a.mt_model, "prefix": a.prefix,
            "num_beams": a.num_beams, "max_new_tokens": a.max_new_tokens,
@@ -375,54 +504,114 @@ def translate(argv: list[str]) -> Path:
             f.truncate(len(keep))
         done = keep.count(b"\n")
         print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        common.write_text_atomic(meta, json.dumps(key, indent=2))
-        part.write_bytes(b"")
 
     if done < len(src):
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            tok = AutoTokenizer.from_pretrained(a.mt_model)
-            model = AutoModelForSeq2SeqLM.from_pretrained(a.mt_model, dtype=torch.float32).to(device).eval()
-        except OSError as e:
-            raise UserError(f"--mt_model {a.mt_model}: could not load it ({str(e).splitlines()[0]}). "
-                            f"Give a local folder or a hub name of a seq2seq model with the hub reachable.")
+        device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        t_load = time.perf_counter()
+        tok, model = load_mt_model(a.mt_model, device)  # before anything is written
+        print(f"--mt_model {a.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
+              file=sys.stderr)
+        if not part.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            common.write_text_atomic(meta, json.dumps(key, indent=2))
+            part.write_bytes(b"")
         prefix = a.prefix
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
         if prefix == "auto":
             prefix = T5_PREFIX if model.config.model_type == "t5" else ""
+        batch_size = a.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
+        print(f"translating {len(src) - done} sentences of {a.data} into {out}", file=sys.stderr)
         bar = common.progress(total=len(src), desc="translating", unit="sent", initial=done)
-        empty = 0
+        empty, t0 = 0, time.perf_counter()
         with open(part, "a", encoding="utf-8") as f:
-            for s in range(done, len(src), a.batch_size):
-                batch = src[s:s + a.batch_size]
-                enc = tok([prefix + t for t in batch], return_tensors="pt", padding=True,
-                          truncation=True, max_length=a.max_source_len).to(device)
-                with torch.no_grad(), common.autocast(device):
-                    gen = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                                         num_beams=a.num_beams, max_new_tokens=a.max_new_tokens)
-                lines = [" ".join(t.split()) for t in tok.batch_decode(gen, skip_special_tokens=True)]
-                # NOTE(ours): an empty translation keeps the English line, so the files stay parallel
+            # Chunks start at multiples of --chunk_size of the input, each sorted by length
+            # inside and appended whole, in the input's order. A chunk cut by a kill is
+            # translated again whole (the same batches, so the same lines), and only its lines
+            # past the finished ones are written: every finished line is kept.
+            for c0 in range(done - done % a.chunk_size, len(src), a.chunk_size):
+                chunk = src[c0:c0 + a.chunk_size]
+                skip = max(0, done - c0)                # lines of this chunk already in <out>.part
+                seen = [0]
+
+                def on_batch(k: int) -> None:           # the bar counts new lines only
+                    before, seen[0] = seen[0], seen[0] + k
+                    bar.update(max(0, seen[0] - skip) - max(0, before - skip))
+                lines, batch_size = translate_chunk(model, tok, chunk, a, prefix, device,
+                                                    batch_size, on_batch)
+                lines, chunk = lines[skip:], chunk[skip:]
+                # NOTE(ours): an empty translation keeps the English line, so the files stay
+                # parallel line for line (a blank German line would be skipped when read)
                 empty += sum(not t for t in lines)
-                lines = [t or e for t, e in zip(lines, batch)]
-                f.write("".join(t + "\n" for t in lines))
+                f.write("".join((t or e) + "\n" for t, e in zip(lines, chunk)))
                 f.flush()
                 os.fsync(f.fileno())
-                bar.update(len(batch))
         bar.close()
+        secs = time.perf_counter() - t0
+        new = len(src) - done
+        print(f"translated {new} sentences in {secs:.1f} s ({new / max(secs, 1e-9):.1f} sentences/s)",
+              file=sys.stderr)
         if empty:
-            print(f"note: {empty} empty translations were replaced by their English line",
-                  file=sys.stderr)
+            print(f"note: {empty} of {new} translations came back empty; their English line was "
+                  f"kept in their place", file=sys.stderr)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()                    # the GPU's memory goes back to training
     n_out = common.count_lines(part)
     if n_out != len(src):
-        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected; "
-                        f"delete it and {meta} and translate again.")
+        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
+                        f"translate into it at once?); delete it and {meta} and translate again.")
     os.replace(part, out)
     meta.unlink(missing_ok=True)
     print(f"{out}: {len(src)} lines", file=sys.stderr)
     return out
+
+
+def translate(argv: list[str]) -> Path:
+    """Translate --data into --out with a seq2seq model, the file `python ifcl.py` makes itself
+    on its first run (--out left out: the same place and name). Batched by length (bf16 on
+    CUDA, the batch halved when the GPU runs out of memory), with a progress bar, and
+    resumable: lines go to <out>.part in chunks of the input's order (flushed after each)
+    beside <out>.part.json, which says what is being translated; <out> appears only when every
+    line is done, so a partial file is never taken for a finished one. A killed run continues
+    where <out>.part stops."""
+    return translate_file(common.parse_args(TranslateArgs, argv, description=translate.__doc__))
+
+
+def failure_marker(out: Path) -> Path:
+    """Rank 0 writes why it could not make `out` here, for the ranks waiting for it."""
+    return out.with_name(out.name + ".failed")
+
+
+def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
+    """Under torchrun, the ranks other than 0 wait for rank 0's translation: polling the file
+    system, not a collective, whose timeout (minutes) is shorter than a translation (hours).
+    The final name appears only once complete; a failure of rank 0 ends the wait with its
+    message (and torchrun stops every rank when one dies)."""
+    rank = common.world()[0]
+    print(f"rank {rank}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
+    failed = failure_marker(out)
+    while not out.exists():
+        if failed.exists():
+            raise UserError(f"rank 0 could not make {out}: {failed.read_text()}")
+        time.sleep(poll_s)
+
+
+def make_fraternal_file(args: Args, device: torch.device) -> None:
+    """Rank 0 translates --data into args.fraternal_data; the other ranks wait for the file."""
+    out = Path(args.fraternal_data)
+    rank, world_size = common.world()
+    if rank > 0:
+        return wait_for_file(out)
+    try:
+        translate_file(TranslateArgs(data=args.data, out=str(out), mt_model=args.mt_model), device)
+    except BaseException as e:
+        if world_size > 1:
+            try:                                        # never hide e behind a failed note
+                out.parent.mkdir(parents=True, exist_ok=True)
+                common.write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
+            except OSError:
+                pass
+        raise
 
 
 # =====================================================================================
@@ -438,23 +627,35 @@ def main(argv: list[str] | None = None) -> dict | Path:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)",
               file=sys.stderr)
         args.no_twins = True
-    if not args.no_fraternal:                      # before anything is downloaded, written or loaded
-        check_fraternal_file(args)
-        if Path(args.data).is_file():
-            read_fraternal(args, len(common.read_sentences(args.data)))
     if str(args.data).lower().endswith(".csv"):
         raise UserError(f"--data {args.data}: IFCL is unsupervised; give a text file with one "
                         f"English sentence a line.")
+    made_here = to_translate = False
+    if not args.no_fraternal:                      # before anything is downloaded, written or loaded
+        if args.fraternal_data:
+            check_fraternal_file(args)
+        else:                                      # made from --data on the first run, then reused
+            made_here = True
+            args.fraternal_data = str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+            to_translate = not Path(args.fraternal_data).is_file()
+        if to_translate:
+            check_mt_model(args.mt_model)
+            if int(os.environ.get("RANK", "0")) == 0:  # an earlier launch's failure note goes
+                failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)  # before the ranks meet
+        elif Path(args.data).is_file():
+            read_fraternal(args, len(common.read_sentences(args.data)), made_here)
     if not args.no_queue and (args.queue_len < 0 or 1 - args.lam * math.ceil(
             args.queue_len / args.batch_size) <= 0):
         raise UserError(f"--queue_len {args.queue_len} with --lam {args.lam} and --batch_size "
                         f"{args.batch_size}: every forgetting coefficient 1 - lam*ceil(m/N) must be "
                         f"positive; shorten the queue or lower --lam.")
     device = common.start(args)                    # torchrun, seed, data download, output folder
+    if to_translate:                               # the first run: rank 0 translates, the rest wait
+        make_fraternal_file(args, device)
     columns = common.load_columns(args.data)       # {"text": [...]}
     n = len(columns["text"])
     if not args.no_fraternal:
-        columns["frat"] = read_fraternal(args, n)  # stops before any model is loaded
+        columns["frat"] = read_fraternal(args, n, made_here)  # stops before the encoders load
     common.check_batch(n, args.batch_size, f"--data {args.data}")
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     cache = common.default_cache_dir(args.data, args.cache_dir)

@@ -1,4 +1,5 @@
-"""Shared fixtures: the ../shared folder, tiny locally built BERT models, a temporary cache.
+"""Shared fixtures: the ../shared folder, tiny locally built BERT models, a tiny translation
+model, a temporary cache.
 
 Nothing here reaches the Hugging Face hub: tiny models are built from a config and a small
 WordPiece vocabulary trained on local text. Under CI (CI=true) a test that needs ../shared
@@ -94,6 +95,32 @@ def build_tiny_roberta(folder: Path, corpus: list[Path], vocab_size: int = 800, 
     return folder
 
 
+def build_tiny_mt(folder: Path, tokenizer_folder: Path, seed: int = 0) -> Path:
+    """A tiny seq2seq model (BART, d=16, one layer each side, random weights) with the tokenizer
+    of `tokenizer_folder`, saved as a folder that AutoModelForSeq2SeqLM loads: a stand-in for
+    t5-base. Its greedy output is deterministic nonsense of 2 to about 40 tokens that differs
+    from sentence to sentence (weights of std 1, not 0.02, and a bias towards the end token, so
+    that it stops early at a place that depends on the input; at least 2 tokens: never empty)."""
+    import torch
+    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_folder))
+    torch.manual_seed(seed)
+    cfg = BartConfig(vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
+                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                     decoder_ffn_dim=32, max_position_embeddings=300, pad_token_id=tok.pad_token_id,
+                     bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                     decoder_start_token_id=tok.cls_token_id, forced_eos_token_id=None, init_std=1.0)
+    model = BartForConditionalGeneration(cfg)
+    with torch.no_grad():
+        model.final_logits_bias[0, tok.sep_token_id] = 10.0
+    model.generation_config.min_new_tokens = 2
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, wiki_head) -> Path:
     """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from wiki1m_head."""
@@ -144,3 +171,10 @@ def tiny_mbert(tmp_path_factory):
     lines += (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:1000]
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_mbert"), [corpus], vocab_size=1200, hidden=32, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_mt(tmp_path_factory, tiny_bert) -> Path:
+    """The tiny translation model, for --mt_model DIR (its English tokenizer makes the German
+    side English word pieces: nonsense, but real generate() output)."""
+    return build_tiny_mt(tmp_path_factory.mktemp("tiny_mt"), tiny_bert)

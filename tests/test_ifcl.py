@@ -6,6 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +23,7 @@ import torch.nn.functional as F
 import common
 import ifcl
 import simcse
-from conftest import need_shared
+from conftest import ROOT, need_shared
 
 TAU = 0.05
 
@@ -255,79 +262,350 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
 
 
 # -------------------------------------------------------------------------------------
-# Data checks and the translate command
+# Data checks and the German file: where it goes, translation, resuming, waiting ranks
 # -------------------------------------------------------------------------------------
 
-def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, parallel):
-    base = ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
+@pytest.fixture
+def one_thread():
+    """Translation with a tiny model is all per-step overhead: on a shared CPU, two OpenMP
+    threads spin against each other (seconds a batch); one thread keeps the tests quick."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_base(tmp_path, parallel, *extra):
+    return ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
             "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "c"),
-            "--sts_dir", str(tmp_path / "no-sts")]
-    with pytest.raises(common.UserError, match=r"python ifcl.py translate --data .*en\.txt"):
-        ifcl.main(base)
-    assert not (tmp_path / "run").exists()                         # nothing written either
-    with pytest.raises(common.UserError, match=r"no such file.*python ifcl.py translate"):
+            "--sts_dir", str(tmp_path / "no-sts"), *extra]
+
+
+def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, parallel):
+    base = run_base(tmp_path, parallel)
+    with pytest.raises(common.UserError, match=r"--fraternal_data .*missing\.de\.txt: no such file.*"
+                                               r"Leave the flag out.*python ifcl.py translate"):
         ifcl.main(base + ["--fraternal_data", str(tmp_path / "missing.de.txt")])
     with pytest.raises(common.UserError, match=r"40 sentences .* 48.*python ifcl.py translate"):
         ifcl.main(base + ["--fraternal_data", str(parallel / "de_short.txt")])
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()  # nothing written
+
+
+def test_default_fraternal_path_carries_the_model(tmp_path, tiny_mt, monkeypatch):
+    data = tmp_path / "d" / "wiki1m_for_simcse.txt"
+    data.parent.mkdir()
+    p = ifcl.default_fraternal_path(str(data), "t5-base")
+    assert p == data.parent / "wiki1m_for_simcse.de.t5-base.txt"
+    assert ifcl.default_fraternal_path(str(data), "Helsinki-NLP/opus-mt-en-de").name == \
+        "wiki1m_for_simcse.de.Helsinki-NLP--opus-mt-en-de.txt"
+    assert ifcl.default_fraternal_path(str(data), "t5-base", str(tmp_path / "c")) == \
+        tmp_path / "c" / "wiki1m_for_simcse.de.t5-base.txt"
+    # two local folders of the same name never share a file; a relative path names the same one
+    other = tmp_path / "elsewhere" / tiny_mt.name
+    other.mkdir(parents=True)
+    a, b = (ifcl.default_fraternal_path(str(data), str(m)) for m in (tiny_mt, other))
+    assert a != b and tiny_mt.name in a.name and tiny_mt.name in b.name
+    monkeypatch.chdir(tiny_mt.parent)
+    assert ifcl.default_fraternal_path(str(data), tiny_mt.name) == a
+    # --data's folder not writable: the temporary cache (default_cache_dir's fallback)
+    monkeypatch.setattr(ifcl.os, "access", lambda path, mode: False)
+    assert ifcl.default_fraternal_path(str(data), "t5-base") == \
+        common.default_cache_dir(str(data), "") / "wiki1m_for_simcse.de.t5-base.txt"
+    # data/ before its first download: beside it all the same
+    monkeypatch.undo()
+    later = tmp_path / "not-yet" / "wiki1m_for_simcse.txt"
+    assert ifcl.default_fraternal_path(str(later), "t5-base").parent == later.parent
+
+
+def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path, parallel, tiny_bert):
+    for bad in ("no-such-org/no-such-mt", str(tiny_bert)):          # hub unreachable; not seq2seq
+        with pytest.raises(common.UserError, match=r"--mt_model .*could not load it as a seq2seq.*"
+                                                   r"needs it once.*--fraternal_data FILE"):
+            ifcl.main(run_base(tmp_path, parallel, "--mt_model", bad))
+        assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
+        out = tmp_path / "de.txt"
+        with pytest.raises(common.UserError, match=r"--mt_model .*needs it once"):
+            ifcl.main(["translate", "--data", str(parallel / "en.txt"), "--mt_model", bad,
+                       "--out", str(out)])
+        assert list(tmp_path.glob("de.txt*")) == []                  # not even a .part
+
+
+def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tiny_mt):
+    base = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt))
+    cached = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    cached.parent.mkdir(parents=True)
+    cached.write_text((parallel / "de_short.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(common.UserError, match=rf"{cached.name} \(the German file made earlier.*"
+                                               rf"40 sentences but --data .* 48.*Delete .*{cached.name} "
+                                               rf"to translate --data again.*--fraternal_data"):
+        ifcl.main(base)
     assert not (tmp_path / "run").exists()
 
 
+def translate_flags(parallel, tiny_mt, out=None, chunk=16, batch=4):
+    f = ["translate", "--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
+         "--chunk_size", str(chunk), "--batch_size", str(batch)]
+    return f + (["--out", str(out)] if out else [])
+
+
 @pytest.fixture(scope="module")
-def stub_mt(tmp_path_factory, tiny_bert):
-    """A tiny seq2seq model with random weights and the tiny BERT tokenizer: real generate()."""
-    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
-    folder = tmp_path_factory.mktemp("stub_mt")
-    tok = AutoTokenizer.from_pretrained(tiny_bert)
-    torch.manual_seed(0)
-    cfg = BartConfig(vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
-                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                     decoder_ffn_dim=32, max_position_embeddings=300, pad_token_id=tok.pad_token_id,
-                     bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
-                     decoder_start_token_id=tok.cls_token_id, forced_eos_token_id=None)
-    BartForConditionalGeneration(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+def reference(tmp_path_factory, parallel, tiny_mt):
+    """An uninterrupted translation of the 48 sentences one at a time (no batch, no padding)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("ref") / "ref.de.txt"
+    ifcl.main(translate_flags(parallel, tiny_mt, out, chunk=1, batch=1))
+    torch.set_num_threads(n)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 48 and all(l.strip() for l in lines)
+    assert len(set(lines)) > 40                  # distinct enough that a swap of lines shows
+    return lines
 
 
-def test_translate_batched_resumable_and_atomic(tmp_path, parallel, stub_mt, monkeypatch):
+def record_generate(monkeypatch, die_at=None):
+    """Record the lengths of each generate() call's sentences; raise KeyboardInterrupt at
+    call number `die_at`."""
     from transformers import BartForConditionalGeneration
-    src = parallel / "en.txt"
-    flags = ["--data", str(src), "--mt_model", str(stub_mt), "--batch_size", "8", "--max_new_tokens", "6"]
-    ref = ifcl.main(["translate", *flags, "--out", str(tmp_path / "ref.de.txt")])
-    ref_lines = ref.read_text(encoding="utf-8").splitlines()
-    assert len(ref_lines) == 48 and all(l.strip() for l in ref_lines)
-    assert not Path(str(ref) + ".part").exists() and not Path(str(ref) + ".part.json").exists()
-
-    # a run killed after 3 batches: only <out>.part exists, never <out>
     calls, real = [], BartForConditionalGeneration.generate
 
-    def dying(self, **kw):
-        calls.append(kw["input_ids"].shape[0])
-        if len(calls) > 3:
+    def generate(self, **kw):
+        calls.append(kw["attention_mask"].sum(1).tolist())
+        if len(calls) == die_at:
             raise KeyboardInterrupt
         return real(self, **kw)
-    monkeypatch.setattr(BartForConditionalGeneration, "generate", dying)
-    out = tmp_path / "de.txt"
-    with pytest.raises(KeyboardInterrupt):
-        ifcl.main(["translate", *flags, "--out", str(out)])
-    part = Path(str(out) + ".part")
-    assert not out.exists() and part.read_text(encoding="utf-8").splitlines() == ref_lines[:24]
-    with open(part, "ab") as f:                                    # a line cut by the kill
-        f.write("halb geschrieb".encode())
+    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
+    return calls
 
-    # resumed: only the 24 remaining sentences are translated, the result is the full file
+
+def test_translate_sorts_batches_by_length_and_writes_in_input_order(tmp_path, parallel, tiny_mt,
+                                                                     reference, monkeypatch, one_thread,
+                                                                     capsys):
+    calls = record_generate(monkeypatch)
+    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt"))
+    assert out.read_text(encoding="utf-8").splitlines() == reference
+    assert not Path(str(out) + ".part").exists() and not Path(str(out) + ".part.json").exists()
+    assert len(calls) == 12 and all(len(c) == 4 for c in calls)      # 3 chunks of 16, batches of 4
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_mt)
+    src = (parallel / "en.txt").read_text(encoding="utf-8").splitlines()
+    for k in range(3):                           # each chunk: its own sentences, longest first
+        lengths = [n for c in calls[4 * k:4 * k + 4] for n in c]
+        assert lengths == sorted(lengths, reverse=True)
+        assert sorted(lengths) == sorted(len(tok(s)["input_ids"]) for s in src[16 * k:16 * (k + 1)])
+    err = capsys.readouterr().err
+    assert "sent" in err and "translated 48 sentences in" in err and "sentences/s" in err
+    # complete: a second call is a no-op; another --data of other length for it is refused
     calls.clear()
-    monkeypatch.setattr(BartForConditionalGeneration, "generate",
-                        lambda self, **kw: calls.append(kw["input_ids"].shape[0]) or real(self, **kw))
-    ifcl.main(["translate", *flags, "--out", str(out)])
-    assert sum(calls) == 24
-    assert out.read_text(encoding="utf-8").splitlines() == ref_lines
-    assert not part.exists()
-    # a different model for the same .part is refused
-    ifcl.main(["translate", *flags, "--out", str(out)])            # already complete: no-op
+    assert ifcl.main(translate_flags(parallel, tiny_mt, out)) == out and calls == []
     with pytest.raises(common.UserError, match="exists with 48 lines"):
-        ifcl.main(["translate", *flags[:2], "--data", str(parallel / "de_short.txt"),
-                   "--mt_model", str(stub_mt), "--out", str(out)])
+        ifcl.main(["translate", "--data", str(parallel / "de_short.txt"), "--mt_model", str(tiny_mt),
+                   "--out", str(out)])
+
+
+def test_translate_interrupted_resumes_with_the_remaining_chunks(tmp_path, parallel, tiny_mt,
+                                                                 reference, monkeypatch, one_thread):
+    out = tmp_path / "de.txt"
+    part = Path(str(out) + ".part")
+    calls = record_generate(monkeypatch, die_at=6)                   # in chunk 2's second batch
+    with pytest.raises(KeyboardInterrupt):
+        ifcl.main(translate_flags(parallel, tiny_mt, out))
+    assert not out.exists() and part.read_text(encoding="utf-8").splitlines() == reference[:16]
+    with open(part, "ab") as f:                                      # a line cut by the kill
+        f.write("halb geschrieb".encode())
+    calls = record_generate(monkeypatch)
+    ifcl.main(translate_flags(parallel, tiny_mt, out))
+    assert sum(map(len, calls)) == 32                                # chunks 2 and 3 only
+    assert out.read_text(encoding="utf-8").splitlines() == reference
+    assert not part.exists()
+    # an unfinished file whose .part.json is missing (or says other settings) is refused
+    other = tmp_path / "other.de.txt"
+    Path(str(other) + ".part").write_text("x\n")
+    with pytest.raises(common.UserError, match="unfinished translation of other input or settings"):
+        ifcl.main(translate_flags(parallel, tiny_mt, other))
+
+
+def test_empty_translation_keeps_the_english_line_and_is_counted(tmp_path, parallel, tiny_mt,
+                                                                 reference, monkeypatch, one_thread,
+                                                                 capsys):
+    from transformers import BartForConditionalGeneration
+    real = BartForConditionalGeneration.generate
+
+    calls = []
+
+    def generate(self, **kw):
+        gen = real(self, **kw)
+        calls.append(1)
+        if len(calls) in (1, 5):                     # first batch of chunks 1 and 2
+            gen[0, 1:] = self.config.pad_token_id    # only the start token: decodes to ""
+        return gen
+    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
+    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt"))
+    got = out.read_text(encoding="utf-8").splitlines()
+    src = (parallel / "en.txt").read_text(encoding="utf-8").splitlines()
+    assert len(got) == 48
+    changed = [i for i in range(48) if got[i] != reference[i]]
+    assert len(changed) == 2 and all(got[i] == src[i] for i in changed)
+    assert changed[0] < 16 <= changed[1] < 32
+    assert "2 of 48 translations came back empty" in capsys.readouterr().err
+
+
+def test_running_out_of_gpu_memory_halves_the_batch(tmp_path, parallel, tiny_mt, reference,
+                                                    monkeypatch, one_thread, capsys):
+    from transformers import BartForConditionalGeneration
+    real, sizes = BartForConditionalGeneration.generate, []
+
+    def generate(self, **kw):
+        sizes.append(kw["input_ids"].shape[0])
+        if sizes[-1] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, **kw)
+    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
+    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt", chunk=16, batch=8))
+    assert sizes[:3] == [8, 4, 2] and set(sizes[3:]) == {2}          # halved twice, then kept
+    assert out.read_text(encoding="utf-8").splitlines() == reference
+    assert capsys.readouterr().err.count("out of GPU memory") == 2
+    sizes.clear()                                                    # one sentence does not fit
+    monkeypatch.setattr(BartForConditionalGeneration, "generate",
+                        lambda self, **kw: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("oom")))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de2.txt", batch=1))
+
+
+KILLED = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+import ifcl
+from transformers import BartForConditionalGeneration
+point, n, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+real_generate, real_replace, calls = BartForConditionalGeneration.generate, os.replace, [0]
+
+def generate(self, **kw):
+    calls[0] += 1
+    if point == "generate" and calls[0] == n:       # during the n-th batch
+        os.kill(os.getpid(), signal.SIGKILL)
+    if point == "slow":                             # for a kill from outside
+        time.sleep(0.5)
+    return real_generate(self, **kw)
+
+def replace(src, dst):
+    if point == "rename" and str(dst).endswith("de.txt"):    # every line written, not renamed
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+
+BartForConditionalGeneration.generate = generate
+os.replace = replace
+ifcl.main(argv)
+"""
+
+
+def run_killed(tmp_path, point, n, argv, wait_for=None):
+    """Run ifcl.main(argv) in a subprocess that gets SIGKILL at `point`: from itself, or (point
+    'slow') from here once `wait_for()` holds."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.Popen([sys.executable, "-c", KILLED.format(root=str(ROOT)), point, str(n), *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    if wait_for:
+        t0 = time.time()
+        while not wait_for() and p.poll() is None and time.time() - t0 < 300:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == -signal.SIGKILL, err[-3000:]
+    return err
+
+
+@pytest.mark.parametrize("point,n,finished", [("generate", 1, 0), ("generate", 6, 16),
+                                              ("generate", 12, 32), ("rename", 0, 48)])
+def test_translation_killed_with_sigkill_resumes_from_the_finished_lines(
+        point, n, finished, tmp_path, parallel, tiny_mt, reference, monkeypatch, one_thread):
+    out = tmp_path / "de.txt"
+    part = Path(str(out) + ".part")
+    run_killed(tmp_path, point, n, translate_flags(parallel, tiny_mt, out))
+    assert not out.exists()                                          # never a partial final file
+    assert part.read_text(encoding="utf-8").splitlines() == reference[:finished]
+    if finished == 16:   # a kill while the next chunk was being appended: 2 lines and a half
+        with open(part, "a", encoding="utf-8") as f:
+            f.write("KEPT 16\nKEPT 17\nhalb geschr")
+    calls = record_generate(monkeypatch)
+    ifcl.main(translate_flags(parallel, tiny_mt, out))
+    got = out.read_text(encoding="utf-8").splitlines()
+    if finished == 16:   # finished lines are kept; the chunk they belong to is redone whole
+        assert got[16:18] == ["KEPT 16", "KEPT 17"]
+        got[16:18] = reference[16:18]
+    assert got == reference and not part.exists()
+    assert sum(map(len, calls)) == 48 - finished
+
+
+def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, parallel, tiny_mt):
+    """`python ifcl.py` (training) killed during its first-run translation; `python ifcl.py
+    translate` with the same --data, --mt_model and --cache_dir finishes the same file."""
+    cache = tmp_path / "c"
+    final = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
+    part = Path(str(final) + ".part")
+    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt))
+    err = run_killed(tmp_path, "slow", 0, argv, wait_for=lambda: part.exists())
+    assert "translating" in err and not final.exists() and part.exists()
+    ifcl.main(["translate", "--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
+               "--cache_dir", str(cache)])
+    assert common.count_lines(final) == 48 and not part.exists()
+
+
+def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
+    out = tmp_path / "x.de.txt"
+    threading.Timer(0.3, lambda: out.write_text("a\n")).start()
+    ifcl.wait_for_file(out, poll_s=0.02)                             # returns once it appears
+    # rank 0 fails: it leaves its message for the others
+    args = make_args(data=str(tmp_path / "en.txt"), fraternal_data=str(tmp_path / "y.de.txt"),
+                     mt_model="no-such-mt")
+    monkeypatch.setattr(common, "world", lambda: (0, 2))
+    with pytest.raises(common.UserError, match="no such file"):
+        ifcl.make_fraternal_file(args, torch.device("cpu"))
+    marker = ifcl.failure_marker(Path(args.fraternal_data))
+    assert "no such file" in marker.read_text()
+    monkeypatch.setattr(common, "world", lambda: (1, 2))
+    with pytest.raises(common.UserError, match=r"rank 0 could not make .*y\.de\.txt: --data .*no such file"):
+        ifcl.wait_for_file(Path(args.fraternal_data), poll_s=0.02)
+
+
+
+def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt):
+    """Its config loads (the check before start() passes) but its weights are gone: rank 0
+    fails while translating, and the launch ends (no rank left waiting) with its message."""
+    mt = tmp_path / "mt"
+    shutil.copytree(tiny_mt, mt)
+    (mt / "model.safetensors").unlink()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
+                        *run_base(tmp_path, parallel, "--mt_model", str(mt))],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0
+    assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
+    assert "rank 1: waiting for rank 0" in r.stderr
+    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
+    assert not german.exists()
+
+def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
+                                                                          monkeypatch):
+    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    german.parent.mkdir(parents=True)
+    stale = ifcl.failure_marker(german)
+    stale.write_text("an earlier launch failed")
+    seen = []
+
+    def start(args):                                 # common.start() ends with the barrier
+        seen.append(stale.exists())
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(common, "start", start)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(RuntimeError, match="stop here"):
+        ifcl.main(run_base(tmp_path, parallel, "--mt_model", str(tiny_mt)))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="stop here"):
+        ifcl.main(run_base(tmp_path, parallel, "--mt_model", str(tiny_mt)))
+    assert seen == [True, False]
 
 
 # -------------------------------------------------------------------------------------
@@ -369,3 +647,31 @@ def test_end_to_end_simcse_row_needs_no_german(tmp_path, tiny_bert, parallel, sm
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs)
     assert all("l_fraternal" not in r for r in recs)
+
+
+def test_first_run_translates_keeps_the_file_trains_and_later_runs_reuse_it(
+        tmp_path, tiny_bert, tiny_mbert, tiny_mt, parallel, small_sts, one_thread, capsys):
+    """`python ifcl.py --data en.txt` with no German file: it translates (kept under --cache_dir
+    here, beside --data by default), trains and evaluates; the next run trains at once, even
+    with an MT model that can no longer be loaded."""
+    mt = tmp_path / "mt"
+    shutil.copytree(tiny_mt, mt)
+    en, cache = parallel / "en.txt", tmp_path / "cache"
+    flags = ["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert), "--mt_model", str(mt),
+             "--data", str(en), "--sts_dir", str(small_sts), "--max_steps", "2", "--eval_every", "2",
+             "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(cache)]
+    res = ifcl.main(flags + ["--output_dir", str(tmp_path / "run1")])
+    german = ifcl.default_fraternal_path(str(en), str(mt), str(cache))
+    assert common.count_lines(german) == 48 and not list(cache.glob("*.part*"))
+    assert "translated 48 sentences" in capsys.readouterr().err
+    args = json.loads((tmp_path / "run1" / "args.json").read_text())
+    assert args["fraternal_data"] == str(german) and args["mt_model"] == str(mt)
+    recs = [json.loads(l) for l in (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()]
+    assert any("stsb_dev" in r for r in recs) and any("l_fraternal" in r for r in recs)
+    assert res["test"] is not None
+    mtime = german.stat().st_mtime_ns
+    (mt / "model.safetensors").unlink()                            # unloadable from now on
+    ifcl.main(flags + ["--output_dir", str(tmp_path / "run2")])
+    assert german.stat().st_mtime_ns == mtime
+    assert "translat" not in capsys.readouterr().err
+    assert (tmp_path / "run2" / "best").is_dir()
