@@ -26,7 +26,8 @@ translation continues where it stopped; later runs find the file and train at on
   python ifcl.py ... --max_steps 20 --batch_size 16 --eval_every 10  # a quick CPU run
   python ifcl.py ... --no_queue                                      # Table 2, "w/o HQ"
   (Table 2: --no_fraternal = w/o FI, TL, needs no German; --no_twins --no_queue = w/o TL, HQ;
-  all three = SimCSE)
+  all three = the identical twins' InfoNCE alone, in IFCL's setup: lr 1e-5, dropout 0.15,
+  frozen embeddings, mean pooling for evaluation; not SimCSE's setup)
 
 Measured numbers: README.md, "Results" (the multi30k + MiniLM testbed of ../shared/README.md;
 the bert-base recipe prints the paper's Table 1 row beside yours at the end of a run).
