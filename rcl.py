@@ -306,7 +306,7 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end."""
     main_proc = common.world()[0] == 0
     if main_proc and folder.exists():
-        common.recover_dir(folder / "best")  # a kill between the two renames of a checkpoint
+        common.recover_dir(folder / "best")  # what a kill during a checkpoint's commit left
         if not (common.recover_dir(folder / "last") / "state.pt").exists():
             shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
     common.barrier()

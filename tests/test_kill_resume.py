@@ -251,9 +251,9 @@ RCL_KILLS = [
     ("before-replace", "last", 1),       # phi 0.01: between the two renames of last/ (step 4)
     ("before-replace", "DONE.json", 1),  # phi 0.01 trained to the end, not marked finished
     ("after-replace", "DONE.json", 1),   # phi 0.01 marked finished, its last/ not yet removed
-    ("after-replace", "last", 2),        # phi 0.02: last/ of step 4 written, best/ not yet
+    ("before-replace", "best", 1),       # phi 0.02: last/ of step 2 written, best/ not swapped in
     ("after-truncate", None, 1),         # phi 0.02: the resume's start-up
-    ("record", None, 4),                 # phi 0.02 finished; the final model logged step 1
+    ("record", None, 7),                 # phi 0.02 finished (steps 3-6); the final model logged step 1
     ("half-record", None, 3),            # the final model, again before its first checkpoint
     ("before-replace", "last", 2),       # the final model: between the renames of last/ (step 4)
 ]
@@ -273,6 +273,9 @@ def test_rcl_killed_and_resumed_reads_as_one_run(tmp_path, tiny_bert, sentences,
     runs += [{"script": "rcl", "argv": argv(run, True), "kill": None}]
     codes, err = _play(tmp_path, runs)
     assert codes == [0] + [-signal.SIGKILL] * len(RCL_KILLS) + [0], (codes, err[-3000:])
+    # phi 0.01 killed between the renames of last/ resumes from its step-2 checkpoint again
+    # (twice in all), rather than being trained anew
+    assert err.count(f"resuming {run / 'entropy_phi0.01'} at step 2 ") == 2, err[-3000:]
     for phi in ("0.01", "0.02"):
         folder = f"entropy_phi{phi}"
         _same_run(run / folder, ref / folder, log_every=1, eval_every=2)
