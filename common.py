@@ -683,10 +683,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def recover_dir(final: Path) -> Path:
-    """If a kill fell between the two renames of _atomic_dir, the old folder is still whole."""
+    """What a kill during _atomic_dir leaves: between the two renames the old folder is still
+    whole (put back); a temporary folder never swapped in is dropped (it holds a full copy)."""
     old = final.with_name(f".{final.name}.old")
     if not final.exists() and old.exists():
         os.replace(old, final)
+    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -864,10 +867,10 @@ def start(args: Any) -> torch.device:
     if rank == 0:
         ensure_data(args)
         out = prepare_output_dir(args.output_dir, getattr(args, "resume", False))
-        (out / "args.json").write_text(json.dumps(_args_dict(args), indent=2, default=str))
+        write_text_atomic(out / "args.json", json.dumps(_args_dict(args), indent=2, default=str))
         # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
         # `compare` labels the run's row with it
-        (out / "run.json").write_text(json.dumps({"script": _script_name(args)}, indent=2))
+        write_text_atomic(out / "run.json", json.dumps({"script": _script_name(args)}, indent=2))
     barrier()
     return device
 
@@ -897,7 +900,9 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
         raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
                         f"choose another --output_dir (or delete the folder) to start afresh.")
-    if resume and not (out / "last" / "state.pt").exists():
+    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
+    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
+    if resume and not (out / "last" / "state.pt").exists() and not started:
         raise UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
                         f"--resume to start, or point --output_dir at the earlier run.")
     out.mkdir(parents=True, exist_ok=True)
@@ -905,7 +910,10 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object a line ({"step": ..., "loss": ..., ...}), easy to plot."""
+    """metrics.jsonl: one JSON object a line ({"step": ..., "loss": ..., ...}), easy to plot.
+    Only ever appended to; every checkpoint keeps the log's length in bytes (size()), and a
+    resume cuts the log back to it (truncate()): whatever a kill left after the checkpoint
+    (records of steps trained again, a line cut short) goes, whatever came before stays."""
 
     def __init__(self, path: Path, enabled: bool = True):
         self.path, self.enabled = path, enabled
@@ -915,9 +923,23 @@ class MetricsLog:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def size(self) -> int:
+        return self.path.stat().st_size if self.enabled and self.path.exists() else 0
+
+    def truncate(self, size: int) -> None:
+        """On --resume: back to `size` bytes, the length last/ recorded. One system call, so a
+        kill leaves the log cut or not, and the next resume cuts it to the same length."""
+        if not self.enabled or not self.path.exists():
+            return
+        if self.path.stat().st_size < size:
+            print(f"note: {self.path} is shorter than when {self.path.parent / 'last'} was written "
+                  f"(edited or replaced?); it is kept as it is", file=sys.stderr)
+            return
+        os.truncate(self.path, size)
+
     def keep_until(self, step: int) -> None:
-        """On --resume: drop what the interrupted run logged after its checkpoint at `step`
-        (those steps are trained again), so that the log reads as one run."""
+        """On --resume from a checkpoint that did not record the log's length (written by an
+        earlier version): drop the records after its `step`, and lines cut short."""
         if not self.enabled or not self.path.exists():
             return
         kept = []
@@ -934,6 +956,14 @@ def _write_state(path: Path, state: dict) -> None:
     tmp, commit = _atomic_dir(path)
     torch.save(state, tmp / "state.pt")
     commit()
+
+
+def _saved_step(folder: Path) -> int | None:
+    """The step a checkpoint folder was saved at (its dev_metrics.json), None if it has none."""
+    try:
+        return json.loads((folder / "dev_metrics.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _args_dict(args: Any) -> dict:
@@ -1001,13 +1031,30 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
     log = MetricsLog(out / "metrics.jsonl", main_proc)
     encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
     step, best, best_step = 0, -float("inf"), 0
-    if getattr(args, "resume", False) and (out / "last" / "state.pt").exists():
+
+    def save_best(rec: dict) -> None:
+        save_pretrained_dir(out / "best", encoder, tokenizer, pooler, mlp, max_seq_length=None,
+                            extra={"args.json": _args_dict(args), "dev_metrics.json": rec})
+
+    # last/ is the one commit point of a run: the log, best/ and the RNG are brought back to it
+    if getattr(args, "resume", False) and not (out / "last" / "state.pt").exists():
+        log.truncate(0)  # stopped before its first checkpoint: nothing it logged is kept
+        if main_proc:
+            print(f"no checkpoint in {out / 'last'} yet: training starts from step 0", file=sys.stderr)
+    elif getattr(args, "resume", False):
         st = torch.load(out / "last" / "state.pt", map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         step, best, best_step = st["step"], st["best"], st["best_step"]
-        log.keep_until(step)
+        if "log_bytes" in st:
+            log.truncate(st["log_bytes"])
+        else:
+            log.keep_until(step)
+        # best/ is written right after last/: a kill in between leaves it behind by one evaluation
+        if main_proc and best_step == step and st.get("dev") is not None \
+                and _saved_step(out / "best") != step:
+            save_best(st["dev"])
         if st.get("should_stop") is not None and hasattr(should_stop, "load_state_dict"):
             should_stop.load_state_dict(st["should_stop"])
         torch.set_rng_state(st["rng_cpu"])
@@ -1026,20 +1073,23 @@ def train(args: Any, model: nn.Module, data: dict[str, Tokens], tokenizer, encod
                         "sickr_dev": dev["SICKRelatedness"]["spearman"], "avg_dev": dev["avg"]})
             if log_extra is not None:
                 rec.update(log_extra())
-            if rec["stsb_dev"] > best:
+            improved = rec["stsb_dev"] > best
+            if improved:
                 best, best_step = rec["stsb_dev"], step
-                save_pretrained_dir(out / "best", encoder, tokenizer, pooler, mlp,
-                                    max_seq_length=None,
-                                    extra={"args.json": _args_dict(args),
-                                           "dev_metrics.json": rec})
             rec["best_stsb_dev"] = best
+            # the order a kill can interrupt: the record, then last/ with the log's length
+            # after it (a resume cuts the log back to that length), then best/ (re-saved from
+            # last/ on resume if the kill came first)
             log.write(rec)
             _write_state(out / "last", {
                 "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                "step": step, "best": best, "best_step": best_step,
+                "step": step, "best": best, "best_step": best_step, "dev": rec,
+                "log_bytes": log.size(),
                 "should_stop": should_stop.state_dict() if hasattr(should_stop, "state_dict") else None,
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None})
+            if improved:
+                save_best(rec)
         barrier()
         return rec
 

@@ -43,7 +43,6 @@ same on every rank, so all ranks stop at the same evaluation. Markers are writte
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -305,20 +304,14 @@ def check_flags(args: Args) -> None:
 
 
 def start(args: Args) -> torch.device:
-    """common.start, aware of stage 1: finished entropy models are never silently overwritten,
-    and --resume works before the final model has a checkpoint of its own."""
+    """common.start, aware of stage 1: finished entropy models are never silently overwritten.
+    --resume before the final model has a checkpoint of its own is common's case of a run
+    stopped before its first checkpoint (args.json is there): it starts from step 0."""
     out = Path(args.output_dir)
     stage1 = sorted(out.glob("entropy_phi*")) if out.is_dir() else []
     if stage1 and not args.resume:
         raise UserError(f"--output_dir {out} already holds entropy models ({stage1[0].name}, ...). "
                         f"Add --resume to reuse the finished ones, or choose another --output_dir.")
-    if args.resume and stage1 and not (out / "last" / "state.pt").exists():
-        if (out / "metrics.jsonl").exists():
-            raise UserError(f"--resume: the final model in {out} started but left no checkpoint. "
-                            f"Delete {out / 'metrics.jsonl'} to train it again from the start "
-                            f"(the entropy models are kept and reused).")
-        # NOTE(ours): common.start's --resume needs the final model's last/; a stage-1 restart has none
-        return common.start(dataclasses.replace(args, resume=False))
     return common.start(args)
 
 
@@ -357,8 +350,10 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     with the figures of the summary. `start_figures` caches the starting checkpoint's row
     entropy and STS-B dev (the same for every phi): measured here on first use."""
     main_proc = common.world()[0] == 0
-    if main_proc and folder.exists() and not (folder / "last" / "state.pt").exists():
-        shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
+    if main_proc and folder.exists():
+        common.recover_dir(folder / "best")  # what a kill during a checkpoint's commit left
+        if not (common.recover_dir(folder / "last") / "state.pt").exists():
+            shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
     common.barrier()
     folder.mkdir(parents=True, exist_ok=True)
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
@@ -432,6 +427,7 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
             if common.world()[0] == 0:
                 print(f"entropy model phi={phi:g}: reusing {folder / 'best'} (finished at step "
                       f"{rec['steps']}, best STS-B dev {rec['best_dev']:.2f})")
+                shutil.rmtree(folder / "last", ignore_errors=True)  # if a kill came before its removal
         else:
             train_entropy_model(args, phi, folder, data, device, start_figures)
         best_dirs.append(folder / "best")

@@ -300,16 +300,22 @@ def test_atomic_dir_keeps_old_until_commit_and_recovers(tmp_path):
     # a kill between the two renames: only .best.old is there; recover_dir restores it
     final.rename(tmp_path / ".best.old")
     assert (common.recover_dir(final) / "v").read_text() == "new"
+    # a kill before the commit: the temporary folder (a full copy) is dropped, best/ stays
+    tmp, _ = common._atomic_dir(final)
+    (tmp / "v").write_text("newer")
+    assert (common.recover_dir(final) / "v").read_text() == "new" and not tmp.exists()
 
 
 def test_output_dir_guard(tmp_path):
     out = tmp_path / "run"
+    with pytest.raises(UserError, match="no checkpoint to resume"):
+        common.prepare_output_dir(out, resume=True)          # no run there at all
     common.prepare_output_dir(out, resume=False)
     (out / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(UserError, match="already holds a run"):
         common.prepare_output_dir(out, resume=False)
-    with pytest.raises(UserError, match="no checkpoint to resume"):
-        common.prepare_output_dir(out, resume=True)
+    # a run stopped before its first checkpoint: --resume starts it again from step 0
+    assert common.prepare_output_dir(out, resume=True) == out
 
 
 @pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "cls"])
