@@ -57,24 +57,19 @@ from common import UserError, arg
 # =====================================================================================
 
 @dataclass
-class Args:
-    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line", "paper Sec. 4.1")
-    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper Tab. 3")
+class Args(common.TrainArgs):
+    """The shared flags are common.TrainArgs (SimCSE's defaults, which Tab. 3 and Sec. 4.3
+    keep); ConIsI changes and adds:"""
+    sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1", "epochs": "paper Sec. 4.3",
+               "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3", "weight_decay": "paper Sec. 4.3"}
     output_dir: str = arg("runs/conisi", "run folder: args.json, metrics.jsonl, best/, last/")
-    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
-    epochs: int = arg(1, "passes over the data", "paper Sec. 4.3")
-    batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 (BatchNorm)",
-                          "paper Tab. 3")
+    batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 per process "
+                          "(BatchNorm)", "paper Tab. 3", ge=2)
     max_len: int = arg(32, "tokens per single sentence; the pairs Y, Z get twice as many",
-                       "paper Tab. 3")
-    lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 3")
-    seed: int = arg(42, "seed for python, numpy and torch", "paper Sec. 4.3")
-    eval_every: int = arg(125, "steps between STS-B dev evaluations", "paper Sec. 4.3")
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
-    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
-    tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3")
+                       "paper Tab. 3", ge=1)
+    tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3", gt=0)
     lam: float = arg(0.8, "weight of the interactive loss, Eq. (10); the paper uses 0.8 for "
-                     "BERT-base and 0.1 for RoBERTa-base and BERT-large", "paper Tab. 3")
+                     "BERT-base and 0.1 for RoBERTa-base and BERT-large", "paper Tab. 3", ge=0, le=1)
     strategy: str = arg("s", "how c_i of Z_i = (x_i, c_i) is built: s = another sentence of the "
                         "batch, o1 = subword replacement, o2 = WordNet antonyms", "paper Sec. 3.2",
                         choices=["s", "o1", "o2"])
@@ -83,17 +78,27 @@ class Args:
     bn: str = arg("joint", "BatchNorm batches of the head g: joint = x alone (N), Y and Z "
                   "together (2N, encoder 2's one pass); separate = x, Y and Z each alone (N)",
                   "ours", choices=["joint", "separate"])
-    dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3")
+    dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3", ge=0, lt=1)
     replace_share: float = arg(0.15, "o1: share of subword tokens chosen; o2: share of words "
-                               "(at least one either way)", "ours")
+                               "(at least one either way)", "ours", ge=0, le=1)
     random_share: float = arg(0.8, "o1: a chosen token becomes a random token this often, else "
-                              "stays unchanged", "paper Sec. 3.2.1")
+                              "stays unchanged", "paper Sec. 3.2.1", ge=0, le=1)
     antonyms: str = arg("", "o2: a word<TAB>antonym file to use instead of nltk's WordNet")
-    weight_decay: float = arg(0.0, "AdamW weight decay (0 = the paper's Adam)", "paper Sec. 4.3")
-    max_grad_norm: float = arg(1.0, "gradient-norm clip (HF Trainer default, as in SimCSE)")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
-    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+    def rules(self) -> None:
+        world_size = common.world()[1]
+        if self.batch_size // world_size < 2:
+            raise UserError(f"--batch_size {self.batch_size}: ConIsI needs at least 2 sentences per "
+                            f"process (the head's BatchNorm, and strategy s draws c_i from the other "
+                            f"sentences). Use --batch_size {2 * world_size} or more.")
+        if self.data.lower().endswith(".csv"):
+            raise UserError(f"--data {self.data}: ConIsI is self-supervised and reads one sentence a "
+                            f"line; give a text file (e.g. wiki1m_for_simcse.txt), not a CSV.")
+        positions = common.max_positions(common.encoder_config(self.model))
+        if 2 * self.max_len > positions:
+            raise UserError(f"--max_len {self.max_len}: the pairs Y and Z need up to {2 * self.max_len} "
+                            f"positions, more than {self.model} has ({positions}). Pass --max_len "
+                            f"{positions // 2} or less.")
 
 
 # Paper Tab. 4 (ConIsI-s-BERT_base, lam 0.8); Tab. 6 averages per strategy; Tab. 7 averages
@@ -449,23 +454,6 @@ class ConIsI(nn.Module):
 # Plumbing: everything below calls common.py
 # =====================================================================================
 
-def check_args(args: Args) -> None:
-    """Flag errors that need no data or model, before anything is written."""
-    _, world_size = common.world()
-    if args.batch_size // max(world_size, 1) < 2:
-        raise UserError(f"--batch_size {args.batch_size}: ConIsI needs at least 2 sentences per "
-                        f"process (the head's BatchNorm, and strategy s draws c_i from the other "
-                        f"sentences). Use --batch_size {2 * world_size} or more.")
-    if not 0 <= args.lam <= 1:
-        raise UserError(f"--lam {args.lam}: must lie in [0, 1] (Eq. 10 weighs (1 - lam) and lam).")
-    for name in ("replace_share", "random_share"):
-        if not 0 <= getattr(args, name) <= 1:
-            raise UserError(f"--{name} {getattr(args, name)}: must lie in [0, 1].")
-    if args.data.lower().endswith(".csv"):
-        raise UserError(f"--data {args.data}: ConIsI is self-supervised and reads one sentence a "
-                        f"line; give a text file (e.g. wiki1m_for_simcse.txt), not a CSV.")
-
-
 def antonym_column(sentences: list[str], lookup: Callable[[str], list[str]] | Mapping[str, list[str]],
                    share: float, seed: int) -> list[str]:
     """c_i text for o2; a sentence with no antonym is returned as it is (o1 takes over)."""
@@ -480,20 +468,13 @@ def antonym_column(sentences: list[str], lookup: Callable[[str], list[str]] | Ma
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    check_args(args)
     lookup = None
     if args.strategy == "o2":  # before start(): a missing nltk stops the run before it writes
         lookup = read_antonym_table(args.antonyms) if args.antonyms else wordnet_antonyms()
-    device = common.start(args)                  # torchrun, seed, data download, output folder
+    device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text": [...]}
-    common.check_batch(len(columns["text"]), args.batch_size, f"--data {args.data}")
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     tpl = pair_template(tokenizer)
-    positions = common.max_positions(encoder, tokenizer)
-    if 2 * args.max_len > positions:
-        raise UserError(f"--max_len {args.max_len}: the pairs Y and Z need up to {2 * args.max_len} "
-                        f"positions, more than {args.model} has ({positions}). Lower --max_len "
-                        f"to at most {positions // 2}.")
     if lookup is not None:
         columns["anto"] = antonym_column(columns["text"], lookup, args.replace_share, args.seed)
     data = common.tokenize_columns(args, tokenizer, columns)

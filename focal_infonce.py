@@ -52,32 +52,26 @@ from common import arg
 # =====================================================================================
 
 @dataclass
-class Args:
+class Args(common.TrainArgs):
+    """The shared flags are common.TrainArgs (SimCSE's defaults, which this paper keeps)."""
+    sources = {"batch_size": "paper Tab. 1", "lr": "paper Tab. 1", "epochs": "official code"}
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised only)",
                     "paper Sec. 4")
-    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper Sec. 4")
     output_dir: str = arg("runs/focal_infonce", "run folder: args.json, metrics.jsonl, best/, last/")
-    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
-    epochs: int = arg(1, "passes over the data", "official code")
-    batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "paper Tab. 1")
-    max_len: int = arg(32, "tokens per training sentence", "official code")
-    lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 1")
-    seed: int = arg(42, "seed for python, numpy and torch", "official code")
-    eval_every: int = arg(125, "steps between STS-B dev evaluations", "official code")
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
-    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     # NOTE(paper vs code): Sec. 4 prints tau {0.7, 0.7, 0.5, 0.5}; Tab. 4 (best 0.07 for
     # BERT-base) and the official script's --temp 0.05 show that 0.07/0.05 were meant.
-    tau: float = arg(0.07, "temperature of Eq. (2)", "paper Tab. 4")
+    tau: float = arg(0.07, "temperature of Eq. (2)", "paper Tab. 4", gt=0)
     m: float = arg(0.3, "hardness margin of the negative modulation s_n + m", "paper Sec. 4")
     pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (the paper's) or [CLS]+MLP",
                       "official code", choices=["cls", "cls_before_pooler"])
-    weight_decay: float = arg(0.0, "AdamW weight decay", "official code")
-    max_grad_norm: float = arg(1.0, "gradient-norm clip", "official code")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
-    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
     modulate: bool = arg(True, "Focal-InfoNCE; --no-modulate gives plain InfoNCE (SimCSE's loss)")
+
+    def rules(self) -> None:
+        if self.data.lower().endswith(".csv"):
+            # NOTE(ours): the paper defines Focal-InfoNCE for unsupervised SimCSE only
+            raise common.UserError(f"--data {self.data}: Focal-InfoNCE is unsupervised (paper Sec. 3); "
+                                   f"give a text file with one sentence a line. For NLI triplets run "
+                                   f"`python simcse.py --data {self.data}`.")
 
 
 # Paper Tab. 2, "SimCSE-BERT_base + Focal-InfoNCE" (mean of 4 seeds); printed beside this run.
@@ -185,17 +179,8 @@ class FocalInfoNCE(nn.Module):
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    if args.tau <= 0:
-        raise common.UserError(f"--tau {args.tau}: the temperature must be positive (paper: 0.07 "
-                               f"for BERT-base, 0.05 for RoBERTa).")
-    if str(args.data).lower().endswith(".csv"):
-        # NOTE(ours): the paper defines Focal-InfoNCE for unsupervised SimCSE only
-        raise common.UserError(f"--data {args.data}: Focal-InfoNCE is unsupervised (paper Sec. 3); "
-                               f"give a text file with one sentence a line. For NLI triplets run "
-                               f"`python simcse.py --data {args.data}`.")
-    device = common.start(args)                  # torchrun, seed, data download, output folder
+    device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text": [...]}
-    common.check_batch(len(columns["text"]), args.batch_size, f"--data {args.data}")
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     model = FocalInfoNCE(encoder, args.tau, args.m, args.modulate).to(device)

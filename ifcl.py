@@ -64,7 +64,9 @@ from common import UserError, arg
 # =====================================================================================
 
 @dataclass
-class Args:
+class Args(common.TrainArgs):
+    """The shared flags are common.TrainArgs (SimCSE's defaults); IFCL changes and adds:"""
+    sources = {"epochs": "paper Sec. 4.1", "seed": "ours"}
     data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
                               "left out: made from --data with --mt_model on the first run and "
@@ -75,20 +77,20 @@ class Args:
     fraternal_model: str = arg("bert-base-multilingual-uncased", "model whose embedding layer and "
                                "tokenizer embed the German side (BEL_F)", "paper App. C")
     output_dir: str = arg("runs/ifcl", "run folder: args.json, metrics.jsonl, best/, last/")
-    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
-    epochs: int = arg(1, "passes over the data", "paper Sec. 4.1")
-    batch_size: int = arg(64, "sentences per step N (global, over all GPUs)", "paper Tab. 6")
-    max_len: int = arg(32, "tokens per training sentence, both languages", "paper Tab. 6")
-    lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 6")
-    seed: int = arg(42, "seed for python, numpy and torch")
-    eval_every: int = arg(151, "steps between STS-B dev evaluations", "paper Sec. 4.1")
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
-    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
-    tau: float = arg(0.05, "temperature of Eq. (6) and (7)", "paper Tab. 6")
-    dropout: float = arg(0.15, "dropout rate rho of the encoder (makes h and h^+ differ)", "paper Tab. 6")
-    eps: float = arg(0.9, "fusion rate epsilon of Eq. (3): weight of the English embedding", "paper Tab. 6")
-    lam: float = arg(0.002, "forgetting rate lambda of Eq. (4)", "paper Tab. 6")
-    queue_len: int = arg(416, "hippocampus queue length k*N (need not be a multiple of N)", "paper Tab. 6")
+    batch_size: int = arg(64, "sentences per step N (global, over all GPUs)", "paper Tab. 6", ge=1)
+    max_len: int = arg(32, "tokens per training sentence, both languages", "paper Tab. 6", ge=1)
+    lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 6", gt=0)
+    eval_every: int = arg(151, "steps between STS-B dev evaluations", "paper Sec. 4.1", ge=1)
+    cache_dir: str = arg("", "where tokenised data is cached, and the German file made from --data "
+                         "(default: .cache/ and the German file beside --data)")
+    tau: float = arg(0.05, "temperature of Eq. (6) and (7)", "paper Tab. 6", gt=0)
+    dropout: float = arg(0.15, "dropout rate rho of the encoder (makes h and h^+ differ)", "paper Tab. 6",
+                         ge=0, lt=1)
+    eps: float = arg(0.9, "fusion rate epsilon of Eq. (3): weight of the English embedding", "paper Tab. 6",
+                     ge=0, le=1)
+    lam: float = arg(0.002, "forgetting rate lambda of Eq. (4)", "paper Tab. 6", ge=0)
+    queue_len: int = arg(416, "hippocampus queue length k*N (need not be a multiple of N)", "paper Tab. 6",
+                         ge=0)
     margin: str = arg("computed", "M_i of Eq. (8): computed from the embedding layer, or fixed "
                       "e^omega_a - e^omega_b", "ours", choices=["computed", "fixed"])
     omega_a: float = arg(0.85, "'similarity omega_a' (used by --margin fixed)", "paper Tab. 6")
@@ -101,12 +103,24 @@ class Args:
                              "paper Tab. 2")
     no_twins: bool = arg(False, "drop the Twins loss, Eq. (8)", "paper Tab. 2")
     no_queue: bool = arg(False, "drop the hippocampus queue (phi = 0 in Eq. 6)", "paper Tab. 2")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient-norm clip")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached, and the German file made from --data "
-                         "(default: .cache/ and the German file beside --data)")
-    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+    def rules(self) -> None:
+        if self.data.lower().endswith(".csv"):
+            raise UserError(f"--data {self.data}: IFCL is unsupervised; give a text file with one "
+                            f"English sentence a line.")
+        if not self.no_queue and 1 - self.lam * math.ceil(self.queue_len / self.batch_size) <= 0:
+            raise UserError(f"--queue_len {self.queue_len} with --lam {self.lam} and --batch_size "
+                            f"{self.batch_size}: every forgetting coefficient 1 - lam*ceil(m/N) must be "
+                            f"positive; shorten the queue or lower --lam.")
+        if self.no_fraternal:
+            return
+        made_here = self.fraternal_data == str(default_fraternal_path(self.data, self.mt_model, self.cache_dir))
+        if not Path(self.fraternal_data).is_file():
+            if not made_here:
+                check_fraternal_file(self)          # the user's file is missing
+            check_mt_model(self.mt_model)           # it will be made on this first run
+        elif Path(self.data).is_file():             # it must be parallel to --data
+            read_fraternal(self, len(common.load_columns(self.data)["text"]), made_here)
 
 
 @dataclass
@@ -628,36 +642,19 @@ def main(argv: list[str] | None = None) -> dict | Path:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)",
               file=sys.stderr)
         args.no_twins = True
-    if str(args.data).lower().endswith(".csv"):
-        raise UserError(f"--data {args.data}: IFCL is unsupervised; give a text file with one "
-                        f"English sentence a line.")
-    made_here = to_translate = False
-    if not args.no_fraternal:                      # before anything is downloaded, written or loaded
-        if args.fraternal_data:
-            check_fraternal_file(args)
-        else:                                      # made from --data on the first run, then reused
-            made_here = True
-            args.fraternal_data = str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
-            to_translate = not Path(args.fraternal_data).is_file()
-        if to_translate:
-            check_mt_model(args.mt_model)
-            if int(os.environ.get("RANK", "0")) == 0:  # an earlier launch's failure note goes
-                failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)  # before the ranks meet
-        elif Path(args.data).is_file():
-            read_fraternal(args, len(common.read_sentences(args.data)), made_here)
-    if not args.no_queue and (args.queue_len < 0 or 1 - args.lam * math.ceil(
-            args.queue_len / args.batch_size) <= 0):
-        raise UserError(f"--queue_len {args.queue_len} with --lam {args.lam} and --batch_size "
-                        f"{args.batch_size}: every forgetting coefficient 1 - lam*ceil(m/N) must be "
-                        f"positive; shorten the queue or lower --lam.")
-    device = common.start(args)                    # torchrun, seed, data download, output folder
+    made_here = not args.no_fraternal and not args.fraternal_data
+    if made_here:                                  # made from --data on the first run, then reused
+        args.fraternal_data = str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+        if int(os.environ.get("RANK", "0")) == 0:  # an earlier launch's failure note goes
+            failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)  # before the ranks meet
+    to_translate = made_here and not Path(args.fraternal_data).is_file()
+    device = common.start(args)                    # torchrun, flags checked, seed, output folder
     if to_translate:                               # the first run: rank 0 translates, the rest wait
         make_fraternal_file(args, device)
     columns = common.load_columns(args.data)       # {"text": [...]}
     n = len(columns["text"])
     if not args.no_fraternal:
         columns["frat"] = read_fraternal(args, n, made_here)  # stops before the encoders load
-    common.check_batch(n, args.batch_size, f"--data {args.data}")
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     cache = common.default_cache_dir(args.data, args.cache_dir)
     data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text")}

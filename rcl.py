@@ -62,38 +62,34 @@ from common import UserError, arg
 # =====================================================================================
 
 @dataclass
-class Args:
+class Args(common.TrainArgs):
+    """The shared flags are common.TrainArgs; RCL changes and adds (both stages share them):"""
+    sources = {"epochs": "paper App. A", "batch_size": "paper App. A", "max_len": "ours", "seed": "ours",
+               "weight_decay": "ours", "max_grad_norm": "ours"}
     data: str = arg("data/nli_for_simcse.csv", "a CSV sent0,sent1[,hard_neg] (the paper's NLI form) "
                     "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
     model: str = arg("sentence-transformers/nli-roberta-base-v2", "hub name or local folder of the "
                      "encoder; both stages start from it", "paper App. A")
     output_dir: str = arg("runs/rcl", "run folder: entropy_phi<phi>/ per entropy model, then the "
                           "final model's args.json, metrics.jsonl, best/, last/")
-    max_steps: int = arg(0, "stop each stage after this many steps (0 = run all epochs)")
-    epochs: int = arg(1, "passes over the data, each stage", "paper App. A")
-    batch_size: int = arg(64, "rows per step (global, over all GPUs)", "paper App. A")
-    max_len: int = arg(32, "tokens per training sentence", "ours")
     lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0 (SimCSE's RoBERTa-base value; "
-                    "the paper gives none)", "ours")
-    seed: int = arg(42, "seed for python, numpy and torch (re-seeded at the start of every model)",
-                    "ours")
+                    "the paper gives none)", "ours", gt=0)
     eval_every: int = arg(0, "steps between STS-B dev evaluations (0 = every 10%% of an epoch)",
-                          "paper App. A")
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+                          "paper App. A", ge=0)
     resume: bool = arg(False, "continue the run in --output_dir: finished entropy models are reused")
     phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
                            "model per value (negative values allowed, Algorithm 1)", "paper App. A")
-    tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours")
+    tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours", gt=0)
     patience: int = arg(3, "stop an entropy model when its mean training loss between two STS-B "
                         "dev evaluations has not decreased for this many evaluations (0 = no "
-                        "early stopping)", "paper App. A")
+                        "early stopping)", "paper App. A", ge=0)
     pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
                       "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
-    weight_decay: float = arg(0.0, "AdamW weight decay", "ours")
-    max_grad_norm: float = arg(1.0, "gradient-norm clip", "ours")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
-    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
+
+    def rules(self) -> None:
+        if len({f"{p:g}" for p in self.phi}) != len(self.phi):
+            raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
+                            f"model; give every value once.")
 
 
 # Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
@@ -294,15 +290,6 @@ def marker_record(args: Args, phi: float) -> dict:
             "tau": args.tau, "pooler": args.pooler, "max_len": args.max_len, "seed": args.seed}
 
 
-def check_flags(args: Args) -> None:
-    if len(set(args.phi)) != len(args.phi) or len({f"{p:g}" for p in args.phi}) != len(args.phi):
-        raise UserError(f"--phi {' '.join(map(str, args.phi))}: each value trains one entropy model; "
-                        f"give every value once.")
-    if args.tau <= 0:
-        raise UserError(f"--tau {args.tau}: the temperature must be positive (the paper's reading "
-                        f"without one is --tau 1).")
-
-
 def start(args: Args) -> torch.device:
     """common.start, aware of stage 1: finished entropy models are never silently overwritten.
     --resume before the final model has a checkpoint of its own is common's case of a run
@@ -337,13 +324,6 @@ def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.dev
     return float(stats["entropy"])
 
 
-def last_dev(folder: Path) -> float | None:
-    """STS-B dev of the last evaluation in folder/metrics.jsonl: the weights training ended with."""
-    recs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    devs = [r["stsb_dev"] for r in recs if "stsb_dev" in r]
-    return devs[-1] if devs else None
-
-
 def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device,
                         start_figures: dict | None = None) -> dict:
     """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end,
@@ -373,7 +353,7 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
         rec = {**marker_record(args, phi), "steps": res["steps"],
                "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
                "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
-               "dev_end": last_dev(folder), "entropy_start": at_start["entropy_start"],
+               "dev_end": res["last_dev"], "entropy_start": at_start["entropy_start"],
                "entropy_end": entropy_end}
         print(f"entropy model phi={phi:g}: {rec['steps']} steps"
               f"{' (stopped early)' if rec['stopped_early'] else ''}, row entropy "
@@ -453,11 +433,9 @@ def train_final(args: Args, data: dict, best_dirs: list[Path], device: torch.dev
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    check_flags(args)
-    device = start(args)                         # torchrun, seed, data download, output folder
+    device = start(args)                         # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     n = len(next(iter(columns.values())))
-    common.check_batch(n, args.batch_size, f"--data {args.data}")
     if args.eval_every <= 0:                     # App. A: evaluate every 10% of the data
         args.eval_every = max(1, n // args.batch_size // 10)
     tokenizer, _ = common.load_encoder(args.model)

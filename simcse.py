@@ -14,6 +14,7 @@ Run:
   python simcse.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
       --sts_dir ../shared/data/sts --output_dir runs/minilm   # the small real testbed (README)
   python simcse.py --tau 0.1                         # an ablation is a flag
+  python simcse.py bench                             # time the training step (GPU: bf16, CUDA graph)
 
 Measured numbers: README.md, "Results" (the MiniLM testbed; the bert-base recipe prints the
 paper's numbers beside yours at the end of a run).
@@ -21,6 +22,7 @@ paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -36,29 +38,14 @@ from common import arg
 # =====================================================================================
 
 @dataclass
-class Args:
+class Args(common.TrainArgs):
+    """TrainArgs' defaults are this paper's (common.py); SimCSE adds:"""
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised) or a CSV "
                     "sent0,sent1[,hard_neg] (supervised)", "paper Sec. 3")
-    model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "paper Sec. 3")
     output_dir: str = arg("runs/simcse", "run folder: args.json, metrics.jsonl, best/, last/")
-    max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)")
-    epochs: int = arg(1, "passes over the data", "paper App. A")
-    batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "paper App. A")
-    max_len: int = arg(32, "tokens per training sentence (run_unsup_example.sh)", "official code")
-    lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "paper App. A")
-    seed: int = arg(42, "seed for python, numpy and torch", "official code")
-    eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
-                          "paper's App. A says every 250)", "official code")
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
-    resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
-    tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1")
+    tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1", gt=0)
     pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (unsup) or [CLS]+MLP (sup)",
                       "official code", choices=["cls", "cls_before_pooler"])
-    weight_decay: float = arg(0.0, "AdamW weight decay", "official code")
-    max_grad_norm: float = arg(1.0, "gradient-norm clip", "official code")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
-    compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
 
 
 # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win.
@@ -66,7 +53,8 @@ SUP_DEFAULTS = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls",
                 "output_dir": "runs/simcse-sup"}
 
 # Paper Tab. 5, BERT-base; printed beside this run's numbers at the end.
-PAPER = {"unsup": common.PAPER_SIMCSE_UNSUP_BERT,
+PAPER = {"unsup": {"STS12": 68.40, "STS13": 82.41, "STS14": 74.38, "STS15": 80.91, "STS16": 78.56,
+                   "STSBenchmark": 76.85, "SICKRelatedness": 72.23, "avg": 76.25},
          "sup": {"STS12": 75.30, "STS13": 84.67, "STS14": 80.19, "STS15": 85.40, "STS16": 80.82,
                  "STSBenchmark": 84.25, "SICKRelatedness": 80.39, "avg": 81.57}}
 
@@ -133,12 +121,14 @@ class SimCSE(nn.Module):
 # Plumbing: everything below calls common.py
 # =====================================================================================
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:                    # time this step: python simcse.py bench --help
+        return common.bench(argv[1:], lambda enc: SimCSE(enc, 0.05, supervised=False), "python simcse.py bench")
     args = common.parse_args(Args, argv, csv_defaults=SUP_DEFAULTS, description=__doc__)
-    device = common.start(args)                  # torchrun, seed, data download, output folder
+    device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     supervised = "sent0" in columns
-    common.check_batch(len(next(iter(columns.values()))), args.batch_size, f"--data {args.data}")
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     model = SimCSE(encoder, args.tau, supervised).to(device)

@@ -110,11 +110,6 @@ def test_tokenize_pads_counts_and_caches(tiny_bert, tmp_path):
     assert tok.truncation_side == "right" and tok("a b c")["input_ids"] == ref_plain(tok)  # untouched
     files = list(tmp_path.glob("tok-*.npz"))
     assert len(files) == 1
-    # sentence pairs (ConIsI) match the tokenizer's own pair form, truncation included
-    pairs = common.tokenize(tok, texts, 12, None, text_pair=texts[::-1])
-    ref_p = tok(texts, texts[::-1], truncation=True, max_length=12)["input_ids"]
-    for i, r in enumerate(ref_p):
-        assert pairs.ids[i, :len(r)].tolist() == r and pairs.lengths[i] == len(r)
     t2 = common.tokenize(tok, texts, 8, tmp_path)   # served from the cache
     assert np.array_equal(t2.ids, t.ids) and len(list(tmp_path.glob("tok-*.npz"))) == 1
     common.tokenize(tok, texts, 6, tmp_path)         # another max_len is another key
@@ -128,7 +123,9 @@ def test_batch_plan_and_batch_size_checks():
     assert not np.array_equal(p0, p1)
     assert np.array_equal(p0, common.batch_plan(10, 3, seed=1, epoch=0))
     with pytest.raises(UserError, match="larger than the data"):
-        common.check_batch(5, 8, "--data x.txt")
+        common.check_batch(5, 8, "x.txt")
+    with pytest.raises(UserError, match="divide evenly over 2 GPUs"):
+        common.check_batch(9, 5, "x.txt", world_size=2)
 
 
 def test_concat_batches_pads_to_widest():

@@ -538,13 +538,16 @@ def test_translation_killed_with_sigkill_resumes_from_the_finished_lines(
     assert sum(map(len, calls)) == 48 - finished
 
 
-def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, parallel, tiny_mt):
-    """`python ifcl.py` (training) killed during its first-run translation; `python ifcl.py
-    translate` with the same --data, --mt_model and --cache_dir finishes the same file."""
+def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, parallel, tiny_mt,
+                                                                   tiny_bert, small_sts):
+    """`python ifcl.py` (training) killed during its first-run translation, which comes after
+    every flag is checked; `python ifcl.py translate` with the same --data, --mt_model and
+    --cache_dir finishes the same file."""
     cache = tmp_path / "c"
     final = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
     part = Path(str(final) + ".part")
-    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt))
+    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--model", str(tiny_bert),
+                    "--sts_dir", str(small_sts), "--batch_size", "8")
     err = run_killed(tmp_path, "slow", 0, argv, wait_for=lambda: part.exists())
     assert "translating" in err and not final.exists() and part.exists()
     ifcl.main(["translate", "--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
@@ -570,7 +573,8 @@ def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
 
 
 
-def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt):
+def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt, tiny_bert,
+                                                              small_sts):
     """Its config loads (the check before start() passes) but its weights are gone: rank 0
     fails while translating, and the launch ends (no rank left waiting) with its message."""
     mt = tmp_path / "mt"
@@ -579,7 +583,8 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
-                        *run_base(tmp_path, parallel, "--mt_model", str(mt))],
+                        *run_base(tmp_path, parallel, "--mt_model", str(mt), "--model", str(tiny_bert),
+                                  "--sts_dir", str(small_sts), "--batch_size", "8")],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0
     assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr

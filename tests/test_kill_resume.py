@@ -86,7 +86,7 @@ def _arm(kind: str, name: str | None, n: int) -> None:
                 die()
         os.truncate = truncate
     elif kind == "step":
-        real_make = common._make_step
+        real_make = common.make_step
 
         def make_step(*a, **k):
             step = real_make(*a, **k)
@@ -96,7 +96,7 @@ def _arm(kind: str, name: str | None, n: int) -> None:
                     die()
                 return step(batch)
             return dying
-        common._make_step = make_step
+        common.make_step = make_step
     else:
         raise ValueError(kind)
 

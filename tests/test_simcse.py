@@ -194,7 +194,7 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     ref = {r["step"]: r["loss"] for r in _metrics(full / "run") if "loss" in r}
 
     # kill the second run inside step 4 (after the checkpoint of step 2; step 3 is logged)
-    real = common._make_step
+    real = common.make_step
     calls = {"n": 0}
 
     def dying(*a, **k):
@@ -207,12 +207,12 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
             return step(batch)
         return wrapped
 
-    monkeypatch.setattr(common, "_make_step", dying)
+    monkeypatch.setattr(common, "make_step", dying)
     part = tmp_path / "part"
     part.mkdir()
     with pytest.raises(KeyboardInterrupt):
         _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
-    monkeypatch.setattr(common, "_make_step", real)
+    monkeypatch.setattr(common, "make_step", real)
     with pytest.raises(common.UserError, match="already holds a run"):
         _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
     assert [r["step"] for r in _metrics(part / "run") if "loss" in r] == [1, 2, 3]
@@ -269,4 +269,6 @@ def test_command_line_errors_exit_2_with_a_message(tmp_path):
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "--help"], capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 0 and "[paper App. A]" in r.stdout and "--resume" in r.stdout
+    help_text = " ".join(r.stdout.split())       # argparse wraps the lines
+    assert r.returncode == 0 and "--resume" in help_text
+    assert "[SimCSE paper App. A]" in help_text and "[paper Tab. D.1]" in help_text   # shared and own flags

@@ -1,8 +1,10 @@
 """The fast path and multi-GPU: the compiled step gives the eager losses, DDP gives the
-one-process loss and gradients, `common.py bench` runs."""
+one-process loss and gradients, `simcse.py bench` runs."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import socket
@@ -41,7 +43,7 @@ def _losses(compile_, device, steps=4):
     params = [p for p in model.parameters()]
     opt = common.make_optimizer(params, 1e-3, 0.0, torch.device(device))   # as train() builds it
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common._make_step(model, params, opt, sched, torch.device(device), 1.0, 1, compile_)
+    step = common.FastStep(model, params, opt, sched, torch.device(device), 1.0, 1, compile_)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.to(device) for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -103,7 +105,7 @@ def _params_after(fused: bool, max_grad_norm: float, steps: int = 3) -> list[tor
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3, fused=fused, foreach=None if fused else False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common._make_step(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1, False)
+    step = common.FastStep(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1, False)
     for i in range(steps):
         step(_batch(16, seed=i))
     assert not hasattr(opt, "grad_scale")     # the clip divisor is used by one step only
@@ -122,6 +124,76 @@ def test_clipping_inside_fused_adamw_equals_clip_then_adamw(monkeypatch):
     # fused and for-loop AdamW round differently (about 2e-7 here); clipping moves weights by 1e-3
     assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-5
     assert max(float((a - b).abs().max()) for a, b in zip(ref, unclipped)) > 1e-4
+
+
+def _plain_losses(batches) -> list[float]:
+    model = _tiny_simcse()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
+    step = common.plain_step(model, params, opt, sched, torch.device("cpu"), 1.0)
+    return [float(step(b)[0]) for b in batches]
+
+
+@pytest.mark.parametrize("capture_fails", [False, True])
+def test_cuda_graph_sequence_simulated_on_cpu(capture_fails, monkeypatch, capsys):
+    """FastStep's CUDA-graph sequence with CUDA simulated on the CPU: GRAPH_WARMUP steps on the
+    side stream, one capture, then replays that read each new batch from the captured buffers,
+    an uncaptured step for a batch of another shape, the schedule stepped every call; the
+    losses are plain_step's. A simulated capture runs the work but puts the weights, AdamW's
+    state and the gradients back (a real one records kernels without running them); a replay
+    runs the captured work on the captured buffers and writes its outputs where the capture
+    left them. If the capture fails, one note, and the same losses uncaptured."""
+    batches = [_batch(16, seed=i) for i in range(6)] + [_batch(16, width=10, seed=6)]
+    model = _tiny_simcse()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
+    step = common.FastStep(model, params, opt, sched, torch.device("cpu"), 1.0, 1, compile_=False, graph=True)
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+            opt.zero_grad(set_to_none=True)          # the captured backward writes fresh gradients
+            loss, stats = step._forward_backward(step.static)
+            step._clip_and_update()
+            with torch.no_grad():
+                step.graph_out[0].copy_(loss)
+
+    @contextlib.contextmanager
+    def capture(graph):
+        events.append("capture")
+        if capture_fails:
+            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
+        saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+        yield
+        model.load_state_dict(saved[0])
+        opt.load_state_dict(saved[1])
+        opt.zero_grad(set_to_none=True)
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        events.append("side stream")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    got = [float(step(b)[0]) for b in batches]
+    assert got == pytest.approx(_plain_losses(batches), rel=1e-5)
+    assert sched.last_epoch == len(batches)
+    warm = ["side stream"] * common.GRAPH_WARMUP
+    assert events == warm + ["capture"] + ([] if capture_fails else ["replay"] * 4)
+    err = capsys.readouterr().err
+    assert err.count("capturing the step in a CUDA graph failed") == int(capture_fails)
+    assert "detail" not in err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -149,7 +221,7 @@ def test_cuda_graph_replay_reads_the_batch_the_lr_and_fresh_dropout(dropout, mon
     opt = common.make_optimizer(params, 1e-3, 0.0, cuda)
     factor = [1.0]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor[0])
-    step = common._make_step(model, params, opt, sched, cuda, 1.0, 1, True)
+    step = common.FastStep(model, params, opt, sched, cuda, 1.0, 1, True)
     b0, b1 = ({k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
               for i in (0, 1))
     for _ in range(common.GRAPH_WARMUP + 1):
@@ -173,7 +245,7 @@ def _losses_fp32_cuda(steps):
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common._plain_fp32_step(model, params, opt, sched)
+    step = common.plain_step(model, params, opt, sched, torch.device("cuda"), amp=False)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -199,7 +271,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     n = 8 // world
     local = {k: {kk: vv[rank * n:(rank + 1) * n] for kk, vv in v.items()} for k, v in full.items()}
     loss = ddp(local)
-    (loss * world).backward()        # what common._make_step does under DDP
+    (loss * world).backward()        # what common.plain_step does under DDP
     if rank == 0:
         torch.save({"loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()
                                                      if p.grad is not None}}, out_path)
@@ -233,7 +305,7 @@ def test_gather_is_identity_in_one_process():
 
 def test_bench_runs_on_cpu(tmp_path):
     trace = tmp_path / "prof" / "trace.json"
-    r = subprocess.run([sys.executable, str(ROOT / "common.py"), "bench", "--config", "tiny",
+    r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "bench", "--config", "tiny",
                         "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1",
                         "--profile", str(trace)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -305,7 +377,7 @@ def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        step = common._make_step(model, params, opt, sched, cpu, 1.0, 1, "cpu")
+        step = common.FastStep(model, params, opt, sched, cpu, 1.0, 1, "cpu")
         with torch._dynamo.config.patch(error_on_recompile=True):
             for b in batches:
                 step(b)

@@ -1,0 +1,129 @@
+"""Every flag is checked before anything is written: a table of bad values walked through
+every script. Each must end with exit status 2, one `error: ...` line that names the flag and
+the value and says what to pass instead, no traceback, and no --output_dir."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+import common
+import conisi
+import focal_infonce
+import ifcl
+import rcl
+import simcse
+from conftest import ROOT
+
+SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "conisi": conisi, "rcl": rcl}
+
+# (flags, regex the message must match); {x} are filled in per test
+SHARED = [
+    (["--max_len", "0"], r"--max_len 0: must be >= 1\. Pass a value in range, e\.g\. the default --max_len 32"),
+    (["--max_len", "1000"], r"--max_len 1000: .*tiny_bert0 has.*256.*Pass --max_len (256|128) or less"),
+    (["--lr", "-1"], r"--lr -1\.0: must be > 0\. .*the default --lr "),
+    (["--lr", "0"], r"--lr 0\.0: must be > 0"),
+    (["--epochs", "0", "--max_steps", "0"], r"--epochs 0: train at least one epoch, or give --max_steps N"),
+    (["--max_steps", "-5"], r"--max_steps -5: must be >= 0"),
+    (["--batch_size", "0"], r"--batch_size 0: must be >= [12]"),
+    (["--batch_size", "100000"], r"--batch_size 100000 is larger than the data \(\d+ examples in --data .*\)\. "
+                                 r"Lower --batch_size to at most \d+"),
+    (["--seed", "-1"], r"--seed -1: must be >= 0"),
+    (["--log_every", "0"], r"--log_every 0: must be >= 1"),
+    (["--weight_decay", "-0.1"], r"--weight_decay -0\.1: must be >= 0"),
+    (["--max_grad_norm", "-1"], r"--max_grad_norm -1\.0: must be >= 0"),
+    (["--tau", "0"], r"--tau 0\.0: must be > 0"),
+    (["--tau", "-0.05"], r"--tau -0\.05: must be > 0"),
+    (["--sts_dir", "{tmp}/no-sts"], r"--sts_dir .*no-sts: expected STS/ and SICK/ inside.*python common\.py download"),
+    (["--data", "{tmp}/missing.txt"], r"--data .*missing\.txt: no such file"),
+    (["--data", "{tmp}/empty.txt"], r"--data .*empty\.txt: the file has no sentences"),
+    (["--data", "{tmp}/latin1.txt"], r"--data .*latin1\.txt: line 2 is not UTF-8.*iconv"),
+    (["--model", "{tmp}/no-model"], r"--model .*no-model: could not load it"),
+]
+EVAL_EVERY = (["--eval_every", "0"], r"--eval_every 0: must be >= 1")
+OWN = {
+    "simcse": [EVAL_EVERY],
+    "focal_infonce": [EVAL_EVERY, (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: Focal-InfoNCE is unsupervised")],
+    "ifcl": [EVAL_EVERY,
+             (["--dropout", "1"], r"--dropout 1\.0: must be < 1"),
+             (["--eps", "1.5"], r"--eps 1\.5: must be <= 1"),
+             (["--lam", "-0.1"], r"--lam -0\.1: must be >= 0"),
+             (["--queue_len", "-8"], r"--queue_len -8: must be >= 0"),
+             (["--lam", "0.5"], r"--queue_len 20 with --lam 0\.5 and --batch_size 8: every forgetting "
+                                r"coefficient 1 - lam\*ceil\(m/N\) must be positive"),
+             (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: IFCL is unsupervised")],
+    "conisi": [EVAL_EVERY,
+               (["--batch_size", "1"], r"--batch_size 1: must be >= 2"),
+               (["--lam", "1.5"], r"--lam 1\.5: must be <= 1"),
+               (["--replace_share", "-0.5"], r"--replace_share -0\.5: must be >= 0"),
+               (["--random_share", "2"], r"--random_share 2\.0: must be <= 1"),
+               (["--dropout", "1"], r"--dropout 1\.0: must be < 1"),
+               (["--max_len", "200"], r"--max_len 200: the pairs Y and Z need up to 400 positions, more "
+                                      r"than .* \(256\)\. Pass --max_len 128 or less"),
+               (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: ConIsI is self-supervised")],
+    "rcl": [(["--eval_every", "-1"], r"--eval_every -1: must be >= 0"),
+            (["--patience", "-1"], r"--patience -1: must be >= 0"),
+            (["--phi", "0.01", "0.01"], r"--phi 0\.01 0\.01: each value trains one entropy model; give every value once")],
+}
+CASES = [(s, flags, msg) for s in SCRIPTS for flags, msg in SHARED + OWN[s]]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "latin1.txt").write_bytes("fine\ncaf\xe9 au lait\n".encode("latin1"))
+    (tmp_path / "pairs.csv").write_text("sent0,sent1\na,b\nc,d\n")
+    return tmp_path
+
+
+def base_flags(script: str, tmp_path, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert) -> list[str]:
+    """A command that passes every check: the bad flag comes after it, and wins."""
+    flags = ["--model", str(tiny_bert), "--sts_dir", str(small_sts), "--output_dir", str(tmp_path / "run"),
+             "--batch_size", "8", "--max_steps", "2", "--cache_dir", str(tmp_path / "cache")]
+    if script == "ifcl":
+        return flags + ["--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
+                        "--fraternal_model", str(tiny_mbert), "--queue_len", "20"]
+    return flags + ["--data", str(wiki_head)]
+
+
+@pytest.mark.parametrize("script,flags,msg", CASES, ids=[f"{s}:{' '.join(f)}" for s, f, _ in CASES])
+def test_bad_flag_exits_2_with_a_message_before_anything_is_written(
+        script, flags, msg, bad_files, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert, capsys):
+    tmp = bad_files
+    argv = base_flags(script, tmp, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert)
+    argv += [f.format(tmp=tmp) for f in flags]
+    with pytest.raises(SystemExit) as e:
+        common.run_main(SCRIPTS[script].main, argv)   # any other exception fails the test
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and re.search(msg, lines[0]), err
+    assert "Traceback" not in err
+    assert not (tmp / "run").exists()                 # nothing written to --output_dir
+
+
+def test_the_valid_base_command_passes_every_check(tmp_path, tiny_bert, small_sts, wiki_head, parallel,
+                                                   tiny_mbert, monkeypatch):
+    """The table's base command is valid for every script (so each row fails for its own flag):
+    the checks pass, and start() goes on to write the run folder."""
+    for name, module in SCRIPTS.items():
+        out = tmp_path / name
+        argv = base_flags(name, out, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert)
+        args = common.parse_args(module.Args, argv)
+        args.check()
+        common.start(args)
+        assert (out / "run" / "args.json").is_file()
+
+
+def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
+    """Through the real command line: a type or choice argparse refuses, and a range error."""
+    for flags, msg in [(["--lr", "abc"], "argument --lr: invalid float value: 'abc'"),
+                       (["--pooler", "mean"], "argument --pooler: invalid choice: 'mean'"),
+                       (["--max_steps", "-5"], "error: --max_steps -5: must be >= 0")]:
+        r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *flags, "--output_dir",
+                            str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "run").exists()
