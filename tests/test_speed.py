@@ -131,7 +131,7 @@ def _plain_losses(batches) -> list[float]:
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
-    step = common.plain_step(model, params, opt, sched, torch.device("cpu"), 1.0)
+    step = common.make_step(model, params, opt, sched, torch.device("cpu"), 1.0)
     return [float(step(b)[0]) for b in batches]
 
 
@@ -140,7 +140,7 @@ def test_cuda_graph_sequence_simulated_on_cpu(capture_fails, monkeypatch, capsys
     """FastStep's CUDA-graph sequence with CUDA simulated on the CPU: GRAPH_WARMUP steps on the
     side stream, one capture, then replays that read each new batch from the captured buffers,
     an uncaptured step for a batch of another shape, the schedule stepped every call; the
-    losses are plain_step's. A simulated capture runs the work but puts the weights, AdamW's
+    losses are make_step's. A simulated capture runs the work but puts the weights, AdamW's
     state and the gradients back (a real one records kernels without running them); a replay
     runs the captured work on the captured buffers and writes its outputs where the capture
     left them. If the capture fails, one note, and the same losses uncaptured."""
@@ -245,7 +245,7 @@ def _losses_fp32_cuda(steps):
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common.plain_step(model, params, opt, sched, torch.device("cuda"), amp=False)
+    step = common.make_step(model, params, opt, sched, torch.device("cuda"), amp=False)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -271,7 +271,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     n = 8 // world
     local = {k: {kk: vv[rank * n:(rank + 1) * n] for kk, vv in v.items()} for k, v in full.items()}
     loss = ddp(local)
-    (loss * world).backward()        # what common.plain_step does under DDP
+    (loss * world).backward()        # what common.make_step does under DDP
     if rank == 0:
         torch.save({"loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()
                                                      if p.grad is not None}}, out_path)
