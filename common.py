@@ -651,181 +651,6 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 # The training loop
 # =====================================================================================
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
-
-
-def _unwrap(m: nn.Module) -> nn.Module:
-    m = getattr(m, "module", m)          # DDP
-    return getattr(m, "_orig_mod", m)    # torch.compile
-
-
-def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
-                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
-
-
-def batch_plan(n: int, batch_size: int, seed: int, epoch: int) -> np.ndarray:
-    """(steps, batch_size) indices for one epoch: a seeded shuffle, last partial batch dropped
-    (NOTE(ours): every step has the full batch of negatives; at most batch_size-1 sentences
-    of an epoch go unused)."""
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(n)
-    steps = n // batch_size
-    return perm[: steps * batch_size].reshape(steps, batch_size)
-
-
-def ensure_data(args: TrainArgs) -> None:
-    """Download wiki1m, the NLI triplets or the STS data into data/ on first use, when the
-    flag still points at the default place and the file is not there yet."""
-    if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
-        download(DATA_DIR, what=["sts"])
-    data = Path(args.data)
-    if not data.exists() and data in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
-        download(DATA_DIR, what=["wiki1m" if data.name == WIKI1M else "nli"])
-
-
-def start(args: TrainArgs) -> torch.device:
-    """What every script does before it loads a model: torchrun's process group, every flag
-    checked (args.check(), which downloads the default data on first use), the seed, and an
-    output folder that loses nothing already written, with the resolved Args and the script's
-    name in it."""
-    device = init_distributed()
-    args.check()                     # nothing is written before this passes
-    seed_everything(args.seed)
-    if world()[0] == 0:
-        out = prepare_output_dir(args.output_dir, args.resume)
-        write_text_atomic(out / "args.json", json.dumps(dataclasses.asdict(args), indent=2, default=str))
-        # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
-        # `compare` labels the run's row with it
-        write_text_atomic(out / "run.json", json.dumps({"script": _script_name(args)}, indent=2))
-    barrier()
-    return device
-
-
-def _script_name(args: Any) -> str:
-    """The file that defines this Args (simcse.py, ...), run as a program or imported."""
-    module = type(args).__module__
-    path = getattr(sys.modules.get(module), "__file__", None)
-    return Path(path).name if path else module
-
-
-def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
-                 device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
-    """The rows `idx` of every column, as tensors on the device (pinned for an async copy)."""
-    pin = device.type == "cuda"
-    return {k: {kk: (vv.pin_memory() if pin else vv).to(device, non_blocking=True)
-                for kk, vv in col.batch(idx, pad_to).items()}
-            for k, col in data.items()}
-
-
-def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None:
-    if batch_size > n:
-        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
-                        f"--data {data}). Lower --batch_size to at most {n} or give more data.")
-    if batch_size % world_size:
-        raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
-
-
-def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
-    out = Path(output_dir)
-    recover_dir(out / "best")
-    recover_dir(out / "last")
-    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
-        raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                        f"choose another --output_dir (or delete the folder) to start afresh.")
-    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
-    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
-    if resume and not (out / "last" / "state.pt").exists() and not started:
-        raise UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
-                        f"--resume to start, or point --output_dir at the earlier run.")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-class MetricsLog:
-    """metrics.jsonl: one JSON object a line ({"step": ..., "loss": ..., ...}), easy to plot.
-    Only ever appended to; every checkpoint keeps the log's length in bytes (size()), and a
-    resume cuts the log back to it (truncate()): whatever a kill left after the checkpoint
-    (records of steps trained again, a line cut short) goes, whatever came before stays."""
-
-    def __init__(self, path: Path, enabled: bool = True):
-        self.path, self.enabled = path, enabled
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def size(self) -> int:
-        return self.path.stat().st_size if self.enabled and self.path.exists() else 0
-
-    def truncate(self, size: int) -> None:
-        """On --resume: back to `size` bytes, the length last/ recorded. One system call, so a
-        kill leaves the log cut or not, and the next resume cuts it to the same length."""
-        if not self.enabled or not self.path.exists():
-            return
-        if self.path.stat().st_size < size:
-            print(f"note: {self.path} is shorter than when {self.path.parent / 'last'} was written "
-                  f"(edited or replaced?); it is kept as it is", file=sys.stderr)
-            return
-        os.truncate(self.path, size)
-
-
-class Meter:
-    """The log's running figures: mean loss and extra terms between two log lines, sentences/s,
-    the mean loss since the last evaluation (for should_stop), and whether any loss was NaN or
-    infinite. The sums stay on the device: reading them, once a log line, is the only wait."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.bad = torch.zeros((), dtype=torch.bool, device=device)
-        self.since_eval, self.steps_since_eval = torch.zeros((), device=device), 0
-        self._restart()
-
-    def _restart(self) -> None:
-        self.loss, self.steps, self.stats, self.sentences = torch.zeros((), device=self.device), 0, {}, 0
-        self.t0 = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], sentences: int) -> None:
-        self.bad |= ~torch.isfinite(loss)
-        self.loss += loss
-        self.since_eval += loss
-        self.steps += 1
-        self.steps_since_eval += 1
-        self.sentences += sentences
-        for k, v in stats.items():
-            self.stats[k] = self.stats.get(k, 0) + v
-
-    def log_record(self, step: int, lr: float, epoch: int) -> dict:
-        dt = time.perf_counter() - self.t0
-        rec = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr,
-               "sent_per_s": self.sentences / dt if dt > 0 else 0.0, "epoch": epoch,
-               **{k: float(v) / self.steps for k, v in self.stats.items()}}
-        self._restart()
-        return rec
-
-    def loss_since_eval(self) -> float:
-        mean = float(self.since_eval) / self.steps_since_eval
-        self.since_eval, self.steps_since_eval = torch.zeros((), device=self.device), 0
-        return mean
-
-
-def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
-    """AdamW as every script trains with it. On CUDA: the fused kernel (one pass over weights,
-    gradients and moments), built capturable with the learning rate in a GPU tensor, so that
-    the step can be replayed from a CUDA graph and still see the scheduler's lr (the scheduler
-    writes into that tensor). Elsewhere: the plain AdamW with a float lr."""
-    if device.type == "cuda":
-        return torch.optim.AdamW(params, lr=torch.tensor(lr, device=device), weight_decay=weight_decay,
-                                 fused=True, capturable=True)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-
-
 def make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
               max_grad_norm: float = 1.0, world_size: int = 1, amp: bool = True):
     """The training step, as every script trains: step(batch) -> (loss, {name: figure}).
@@ -845,24 +670,6 @@ def make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
         opt.zero_grad(set_to_none=True)
         return loss.detach().float(), {k: v.detach().float() for k, v in stats.items()}
     return step
-
-
-def make_training(model: nn.Module, encoder: nn.Module, args: TrainArgs, total: int,
-                  device: torch.device, world_size: int):
-    """(AdamW, its schedule, the step) for `model`, as train() runs them."""
-    frozen = getattr(_unwrap(encoder), "pooler", None)  # BERT's NSP pooler: in no loss (the `cls`
-    if frozen is not None:                                # MLP is saved into it)
-        frozen.requires_grad_(False)
-    model.train()  # from_pretrained() hands the encoder back in eval mode: dropout would be off
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, args.lr, args.weight_decay, device)
-    # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
-    train_model = wrap_ddp(model, device) if world_size > 1 else model
-    if device.type == "cuda":   # the same step, compiled and replayed from a CUDA graph
-        return opt, sched, FastStep(train_model, params, opt, sched, device, args.max_grad_norm, world_size,
-                                    args.compile)
-    return opt, sched, make_step(train_model, params, opt, sched, device, args.max_grad_norm, world_size)
 
 
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
@@ -929,11 +736,197 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     return result
 
 
-def evaluate_dev(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict:
-    """STS-B dev and SICK-R trial, the figures the run is steered by."""
-    dev = evaluate_sts(encode, sts_dir, split="dev")
-    return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
-            "avg_dev": dev["avg"]}
+def make_training(model: nn.Module, encoder: nn.Module, args: TrainArgs, total: int,
+                  device: torch.device, world_size: int):
+    """(AdamW, its schedule, the step) for `model`, as train() runs them."""
+    frozen = getattr(_unwrap(encoder), "pooler", None)  # BERT's NSP pooler: in no loss (the `cls`
+    if frozen is not None:                                # MLP is saved into it)
+        frozen.requires_grad_(False)
+    model.train()  # from_pretrained() hands the encoder back in eval mode: dropout would be off
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, args.lr, args.weight_decay, device)
+    # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+    train_model = wrap_ddp(model, device) if world_size > 1 else model
+    if device.type == "cuda":   # the same step, compiled and replayed from a CUDA graph
+        return opt, sched, FastStep(train_model, params, opt, sched, device, args.max_grad_norm, world_size,
+                                    args.compile)
+    return opt, sched, make_step(train_model, params, opt, sched, device, args.max_grad_norm, world_size)
+
+
+def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
+    """AdamW as every script trains with it. On CUDA: the fused kernel (one pass over weights,
+    gradients and moments), built capturable with the learning rate in a GPU tensor, so that
+    the step can be replayed from a CUDA graph and still see the scheduler's lr (the scheduler
+    writes into that tensor). Elsewhere: the plain AdamW with a float lr."""
+    if device.type == "cuda":
+        return torch.optim.AdamW(params, lr=torch.tensor(lr, device=device), weight_decay=weight_decay,
+                                 fused=True, capturable=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def start(args: TrainArgs) -> torch.device:
+    """What every script does before it loads a model: torchrun's process group, every flag
+    checked (args.check(), which downloads the default data on first use), the seed, and an
+    output folder that loses nothing already written, with the resolved Args and the script's
+    name in it."""
+    device = init_distributed()
+    args.check()                     # nothing is written before this passes
+    seed_everything(args.seed)
+    if world()[0] == 0:
+        out = prepare_output_dir(args.output_dir, args.resume)
+        write_text_atomic(out / "args.json", json.dumps(dataclasses.asdict(args), indent=2, default=str))
+        # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
+        # `compare` labels the run's row with it
+        write_text_atomic(out / "run.json", json.dumps({"script": _script_name(args)}, indent=2))
+    barrier()
+    return device
+
+
+def ensure_data(args: TrainArgs) -> None:
+    """Download wiki1m, the NLI triplets or the STS data into data/ on first use, when the
+    flag still points at the default place and the file is not there yet."""
+    if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
+        download(DATA_DIR, what=["sts"])
+    data = Path(args.data)
+    if not data.exists() and data in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
+        download(DATA_DIR, what=["wiki1m" if data.name == WIKI1M else "nli"])
+
+
+def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
+    """Refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
+    out = Path(output_dir)
+    recover_dir(out / "best")
+    recover_dir(out / "last")
+    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
+        raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
+                        f"choose another --output_dir (or delete the folder) to start afresh.")
+    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
+    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
+    if resume and not (out / "last" / "state.pt").exists() and not started:
+        raise UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
+                        f"--resume to start, or point --output_dir at the earlier run.")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _script_name(args: Any) -> str:
+    """The file that defines this Args (simcse.py, ...), run as a program or imported."""
+    module = type(args).__module__
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return Path(path).name if path else module
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def batch_plan(n: int, batch_size: int, seed: int, epoch: int) -> np.ndarray:
+    """(steps, batch_size) indices for one epoch: a seeded shuffle, last partial batch dropped
+    (NOTE(ours): every step has the full batch of negatives; at most batch_size-1 sentences
+    of an epoch go unused)."""
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(n)
+    steps = n // batch_size
+    return perm[: steps * batch_size].reshape(steps, batch_size)
+
+
+def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
+                 device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
+    """The rows `idx` of every column, as tensors on the device (pinned for an async copy)."""
+    pin = device.type == "cuda"
+    return {k: {kk: (vv.pin_memory() if pin else vv).to(device, non_blocking=True)
+                for kk, vv in col.batch(idx, pad_to).items()}
+            for k, col in data.items()}
+
+
+def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None:
+    if batch_size > n:
+        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
+                        f"--data {data}). Lower --batch_size to at most {n} or give more data.")
+    if batch_size % world_size:
+        raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
+
+
+def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
+                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+
+
+def _unwrap(m: nn.Module) -> nn.Module:
+    m = getattr(m, "module", m)          # DDP
+    return getattr(m, "_orig_mod", m)    # torch.compile
+
+
+class Meter:
+    """The log's running figures: mean loss and extra terms between two log lines, sentences/s,
+    the mean loss since the last evaluation (for should_stop), and whether any loss was NaN or
+    infinite. The sums stay on the device: reading them, once a log line, is the only wait."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
+        self.since_eval, self.steps_since_eval = torch.zeros((), device=device), 0
+        self._restart()
+
+    def _restart(self) -> None:
+        self.loss, self.steps, self.stats, self.sentences = torch.zeros((), device=self.device), 0, {}, 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], sentences: int) -> None:
+        self.bad |= ~torch.isfinite(loss)
+        self.loss += loss
+        self.since_eval += loss
+        self.steps += 1
+        self.steps_since_eval += 1
+        self.sentences += sentences
+        for k, v in stats.items():
+            self.stats[k] = self.stats.get(k, 0) + v
+
+    def log_record(self, step: int, lr: float, epoch: int) -> dict:
+        dt = time.perf_counter() - self.t0
+        rec = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr,
+               "sent_per_s": self.sentences / dt if dt > 0 else 0.0, "epoch": epoch,
+               **{k: float(v) / self.steps for k, v in self.stats.items()}}
+        self._restart()
+        return rec
+
+    def loss_since_eval(self) -> float:
+        mean = float(self.since_eval) / self.steps_since_eval
+        self.since_eval, self.steps_since_eval = torch.zeros((), device=self.device), 0
+        return mean
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object a line ({"step": ..., "loss": ..., ...}), easy to plot.
+    Only ever appended to; every checkpoint keeps the log's length in bytes (size()), and a
+    resume cuts the log back to it (truncate()): whatever a kill left after the checkpoint
+    (records of steps trained again, a line cut short) goes, whatever came before stays."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def size(self) -> int:
+        return self.path.stat().st_size if self.enabled and self.path.exists() else 0
+
+    def truncate(self, size: int) -> None:
+        """On --resume: back to `size` bytes, the length last/ recorded. One system call, so a
+        kill leaves the log cut or not, and the next resume cuts it to the same length."""
+        if not self.enabled or not self.path.exists():
+            return
+        if self.path.stat().st_size < size:
+            print(f"note: {self.path} is shorter than when {self.path.parent / 'last'} was written "
+                  f"(edited or replaced?); it is kept as it is", file=sys.stderr)
+            return
+        os.truncate(self.path, size)
 
 
 class RunFolder:
@@ -1005,6 +998,13 @@ def _saved_step(folder: Path) -> int | None:
         return None
 
 
+def evaluate_dev(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict:
+    """STS-B dev and SICK-R trial, the figures the run is steered by."""
+    dev = evaluate_sts(encode, sts_dir, split="dev")
+    return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
+            "avg_dev": dev["avg"]}
+
+
 def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
                  paper_name: str) -> dict:
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
@@ -1014,6 +1014,7 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict |
     print(format_sts_table(res, paper, paper_name))
     write_text_atomic(best_dir / "test_metrics.json", json.dumps({**res, "pooler": pooler}, indent=2))
     return res
+
 
 # =====================================================================================
 # STS evaluation (../shared/specs/sts_protocol.md), as SimCSE's fork of SentEval does it
@@ -1639,7 +1640,7 @@ class CompareArgs:
     pooler: str = arg("cls_before_pooler", "pooler of the --baseline row", "SimCSE official code",
                       choices=POOLERS)
     sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
-    batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation")
+    batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation", ge=1)
     markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
     plot: str = arg("", "draw each run's STS-B dev curve over the steps into this image (.png, .pdf "
                     "or .svg; needs matplotlib). Folders with metrics.jsonl but no final result "
@@ -1883,6 +1884,7 @@ def cmd_compare(argv: list[str]) -> None:
     given = vars(parser.parse_args(argv))
     folders = given.pop("runs")
     a = CompareArgs(**given)
+    check_ranges(a)
     if not folders:
         raise UserError("compare: give at least one run folder, e.g. `python common.py compare "
                         "runs/simcse runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")

@@ -134,12 +134,12 @@ class TranslateArgs:
     prefix: str = arg("auto", "text put before each sentence; auto = T5's 'translate English to "
                       "German: ' for T5 models, nothing otherwise", "ours")
     batch_size: int = arg(0, "sentences per generate() call, halved whenever the GPU runs out of "
-                          "memory; 0 = 1024 on CUDA, 64 on the CPU")
+                          "memory; 0 = 1024 on CUDA, 64 on the CPU", ge=0)
     chunk_size: int = arg(16384, "sentences sorted by length together and appended to the file "
-                          "together (a kill loses at most one chunk's work)")
-    max_source_len: int = arg(256, "source tokens kept per sentence")
-    max_new_tokens: int = arg(128, "generated tokens per sentence at most")
-    num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)")
+                          "together (a kill loses at most one chunk's work)", ge=1)
+    max_source_len: int = arg(256, "source tokens kept per sentence", ge=1)
+    max_new_tokens: int = arg(128, "generated tokens per sentence at most", ge=1)
+    num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)", ge=1)
 
 
 # Paper Tab. 1, IFCL-BERT-base; printed beside this run's numbers at the end.
@@ -589,7 +589,9 @@ def translate(argv: list[str]) -> Path:
     beside <out>.part.json, which says what is being translated; <out> appears only when every
     line is done, so a partial file is never taken for a finished one. A killed run continues
     where <out>.part stops."""
-    return translate_file(common.parse_args(TranslateArgs, argv, description=translate.__doc__))
+    args = common.parse_args(TranslateArgs, argv, description=translate.__doc__)
+    common.check_ranges(args)
+    return translate_file(args)
 
 
 def failure_marker(out: Path) -> Path:

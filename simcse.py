@@ -124,7 +124,8 @@ class SimCSE(nn.Module):
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:                    # time this step: python simcse.py bench --help
-        return common.bench(argv[1:], lambda enc: SimCSE(enc, 0.05, supervised=False), "python simcse.py bench")
+        return common.bench(argv[1:], lambda enc: SimCSE(enc, 0.05, supervised=False),
+                            "python simcse.py bench")
     args = common.parse_args(Args, argv, csv_defaults=SUP_DEFAULTS, description=__doc__)
     device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}

@@ -127,3 +127,18 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("main,argv,msg", [
+    (ifcl.main, ["translate", "--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
+    (ifcl.main, ["translate", "--num_beams", "0"], "--num_beams 0: must be >= 1"),
+    (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
+    (common.cli, ["compare", "somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
+    (simcse.main, ["bench", "--steps", "0"], "--steps 0: must be >= 1"),
+    (common.cli, ["bench"], "bench times a script's real step: `python simcse.py bench --help`"),
+], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps", "bench-moved"])
+def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        common.run_main(main, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {msg}" in err and "Traceback" not in err, err
