@@ -691,7 +691,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     opt, sched, step_fn = make_training(model, encoder, args, total, device, world_size)
     run = RunFolder(out, args, model, opt, sched, should_stop, encoder, tokenizer, pooler, mlp)
     st = run.resume() if args.resume else {}
-    step, best, best_step, last = st.get("step", 0), st.get("best", -float("inf")), st.get("best_step", 0), st.get("dev")
+    step, best, best_step = st.get("step", 0), st.get("best", -float("inf")), st.get("best_step", 0)
+    last = st.get("dev")      # the record of the last evaluation
     meter, bar = Meter(device), progress(total, Path(sys.argv[0]).stem or "train", "step", rank != 0, step)
     encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
     pad_to = args.max_len if device.type == "cuda" else None  # static shapes for the CUDA graph
@@ -700,7 +701,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         epoch, b = divmod(step, steps_per_epoch)
         if epoch != plan_epoch:
             plan, plan_epoch = batch_plan(n, args.batch_size, args.seed, epoch), epoch
-        loss, stats = step_fn(device_batch(data, plan[b, rank * local_bs:(rank + 1) * local_bs], pad_to, device))
+        idx = plan[b, rank * local_bs:(rank + 1) * local_bs]          # this rank's share of the batch
+        loss, stats = step_fn(device_batch(data, idx, pad_to, device))
         step += 1
         meter.add(loss, stats, args.batch_size)
         bar.update(1)
@@ -716,7 +718,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             if should_stop is not None and should_stop(step, meter.loss_since_eval()):
                 stopped = "early"
             if rank == 0:
-                last = {"step": step, **evaluate_dev(encode, args.sts_dir), **(log_extra() if log_extra else {})}
+                last = {"step": step, **evaluate_dev(encode, args.sts_dir)}
+                last.update(log_extra() if log_extra else {})
                 improved = last["stsb_dev"] > best
                 best, best_step = (last["stsb_dev"], step) if improved else (best, best_step)
                 run.save(dict(last, best_stsb_dev=best), best_step, improved)
@@ -725,9 +728,9 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             barrier()
     bar.close()
     if stopped == "nan":
+        kept = f"is kept in {out / 'best'}" if best_step else "was not saved yet"
         raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
-                        f"checkpoint so far is kept in {out / 'best'}{'' if best_step else ' (none was saved yet)'}. "
-                        f"Try a lower --lr, or check the data for degenerate lines.")
+                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
     result = {"best_dev": best, "best_step": best_step, "steps": step, "test": None,
               "stopped_early": stopped == "early" and step < total, "last_dev": (last or {}).get("stsb_dev")}
     if final_eval and rank == 0:
@@ -1727,7 +1730,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
             key: Any = ("folder", str(r["path"]))
         else:
             kept = {k: v for k, v in r["args"].items() if k not in COMPARE_IGNORED}
-            key = (r["test"] is not None, r["script"], r["pooler"], json.dumps(kept, sort_keys=True, default=str))
+            key = (r["test"] is not None, r["script"], r["pooler"],
+                   json.dumps(kept, sort_keys=True, default=str))
         groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
     out = list(groups.values())
     # the flags that tell groups apart: a field whose value is not the same in every group that has it
@@ -1808,7 +1812,8 @@ def format_compare(table: dict) -> str:
     cw = max([len(c) for c in cols] + [len(c) for row in cells for c in row]) + 2
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
     for r, row in zip(table["rows"], cells):
-        lines.append(f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}" + "".join(f"{c:>{cw}s}" for c in row))
+        n = "-" if r["n"] is None else r["n"]
+        lines.append(f"{r['label']:{lw}s}{n:>4}" + "".join(f"{c:>{cw}s}" for c in row))
     lines.append(COMPARE_NOTE)
     return "\n".join(lines)
 
@@ -1981,7 +1986,8 @@ def forward_flops_per_token(config, seq_len: int) -> float:
 class BenchArgs:
     config: str = arg("bert-base-uncased", f"architecture ({', '.join(ARCHS)}) or a config.json path; "
                       "weights are random (same cost as real ones)")
-    batch_size: int = arg(64, "sentences per step (each encoded twice: SimCSE's step)", "SimCSE paper App. A", ge=1)
+    batch_size: int = arg(64, "sentences per step (each encoded twice: SimCSE's step)", "SimCSE paper App. A",
+                          ge=1)
     max_len: int = arg(32, "tokens per sentence (every sentence padded to it)", "SimCSE paper App. A", ge=1)
     steps: int = arg(50, "timed steps per variant", ge=1)
     warmup: int = arg(15, "untimed steps first (compilation, CUDA-graph capture)", ge=0)
@@ -2058,7 +2064,8 @@ def bench(argv: list[str], make_model: Callable[[nn.Module], nn.Module], prog: s
 
     def run(name: str, fast: bool) -> float:
         torch.manual_seed(a.seed)
-        model = make_model(AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager")).to(device)
+        encoder = AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager")
+        model = make_model(encoder).to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         total = a.steps + a.warmup
         opt = make_optimizer(params, 3e-5, 0.0, device) if fast else torch.optim.AdamW(params, lr=3e-5)

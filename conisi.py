@@ -60,8 +60,9 @@ from common import UserError, arg
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs (SimCSE's defaults, which Tab. 3 and Sec. 4.3
     keep); ConIsI changes and adds:"""
-    sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1", "epochs": "paper Sec. 4.3",
-               "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3", "weight_decay": "paper Sec. 4.3"}
+    sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
+               "epochs": "paper Sec. 4.3", "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3",
+               "weight_decay": "paper Sec. 4.3"}
     output_dir: str = arg("runs/conisi", "run folder: args.json, metrics.jsonl, best/, last/")
     batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 per process "
                           "(BatchNorm)", "paper Tab. 3", ge=2)
