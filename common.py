@@ -939,8 +939,8 @@ class RunFolder:
     def __init__(self, out: Path, args: TrainArgs, model: nn.Module, opt, sched, should_stop,
                  encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | None):
         self.out, self.args, self.model, self.opt, self.sched = out, args, model, opt, sched
-        self.should_stop, self.encoder, self.tokenizer, self.pooler, self.mlp = should_stop, encoder, \
-            tokenizer, pooler, mlp
+        self.should_stop, self.encoder, self.tokenizer = should_stop, encoder, tokenizer
+        self.pooler, self.mlp = pooler, mlp
         self.log = MetricsLog(out / "metrics.jsonl", enabled=world()[0] == 0)
 
     def save_best(self, rec: dict) -> None:
