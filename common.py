@@ -696,7 +696,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     meter, bar = Meter(device), progress(total, Path(sys.argv[0]).stem or "train", "step", rank != 0, step)
     encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
     pad_to = args.max_len if device.type == "cuda" else None  # static shapes for the CUDA graph
-    stopped, plan_epoch = None, -1
+    stopped, plan_epoch = "early" if st.get("stopped_early") else None, -1
     while step < total and stopped is None:
         epoch, b = divmod(step, steps_per_epoch)
         if epoch != plan_epoch:
@@ -722,7 +722,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
                 last.update(log_extra() if log_extra else {})
                 improved = last["stsb_dev"] > best
                 best, best_step = (last["stsb_dev"], step) if improved else (best, best_step)
-                run.save(dict(last, best_stsb_dev=best), best_step, improved)
+                run.save(dict(last, best_stsb_dev=best), best_step, improved, stopped == "early")
                 bar.write(f"step {step}: STS-B dev {last['stsb_dev']:.2f}  SICK-R dev {last['sickr_dev']:.2f}"
                           f"  (best {best:.2f} at step {best_step})")
             barrier()
@@ -947,15 +947,16 @@ class RunFolder:
         save_pretrained_dir(self.out / "best", self.encoder, self.tokenizer, self.pooler, self.mlp,
                             extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": rec})
 
-    def save(self, rec: dict, best_step: int, improved: bool) -> None:
+    def save(self, rec: dict, best_step: int, improved: bool, stopped_early: bool = False) -> None:
         """One evaluation, in the order a kill may interrupt: the record, then last/ with the
-        log's length (a resume cuts the log back to it), then best/ (re-saved on resume if a
-        kill left it behind last/)."""
+        log's length (a resume cuts the log back to it) and whether should_stop ended training
+        here, then best/ (re-saved on resume if a kill left it behind last/)."""
         self.log.write(rec)
         tmp, commit = _atomic_dir(self.out / "last")
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
                     "sched": self.sched.state_dict(), "step": rec["step"], "best": rec["best_stsb_dev"],
                     "best_step": best_step, "dev": rec, "log_bytes": self.log.size(),
+                    "stopped_early": stopped_early,
                     "should_stop": getattr(self.should_stop, "state_dict", lambda: None)(),
                     "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},

@@ -298,6 +298,26 @@ def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_h
     assert max(r["step"] for r in _records(tmp_path / "plateau" / "metrics.jsonl")) == 50
 
 
+def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wiki_head, tmp_path,
+                                                       cache_dir):
+    """last/ records that should_stop ended training: a run killed after that checkpoint (before
+    RCL writes DONE.json, say) resumes as stopped, and trains no step more."""
+    out = tmp_path / "plateau"
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU), rcl.early_stop(3))
+    assert res["steps"] == 50 and res["stopped_early"]
+    log = (out / "metrics.jsonl").read_text()
+    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
+                    cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=60, eval_every=10,
+                    resume=True)
+    tok, enc = common.load_encoder(args.model)
+    data = common.tokenize_columns(args, tok, common.load_columns(args.data))
+    model = Scripted(enc, _batches(PLATEAU))
+    res = common.train(args, model, data, tok, enc, pooler=args.pooler, should_stop=rcl.early_stop(3),
+                       final_eval=False)
+    assert res["steps"] == 50 and res["stopped_early"] and model.t == 0
+    assert (out / "metrics.jsonl").read_text() == log
+
+
 def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
     """common.train saves should_stop's state with last/ and loads it back on --resume, so
     a restarted entropy model keeps its patience count instead of starting from zero."""
