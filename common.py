@@ -136,8 +136,8 @@ class TrainArgs:
                        "SimCSE official code", ge=1)
     lr: float = arg(3e-5, "peak learning rate, decayed linearly to 0", "SimCSE paper App. A", gt=0)
     seed: int = arg(42, "seed for python, numpy and torch", "SimCSE official code", ge=0)
-    eval_every: int = arg(125, "steps between STS-B dev evaluations (SimCSE's run_unsup_example.sh; "
-                          "its paper's App. A says every 250)", "SimCSE official code", ge=1)
+    eval_every: int = arg(125, "steps between STS-B dev evaluations (the best is kept in best/)",
+                          "SimCSE official code", ge=1)
     sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     weight_decay: float = arg(0.0, "AdamW weight decay", "SimCSE official code", ge=0)
@@ -1357,7 +1357,8 @@ class FastStep:
         if self.graph is not None and self._same_shapes(batch):
             out = self._replay(batch)
         elif self.warming_up:                 # as CUDA graph capture asks: lazy handles and
-            self.side = self.side or torch.cuda.Stream()   # allocations made on a side stream
+            if self.side is None:             # allocations made on a side stream
+                self.side = torch.cuda.Stream()
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
                 out = self._uncaptured(batch)

@@ -43,6 +43,8 @@ class Args(common.TrainArgs):
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised) or a CSV "
                     "sent0,sent1[,hard_neg] (supervised)", "paper Sec. 3")
     output_dir: str = arg("runs/simcse", "run folder: args.json, metrics.jsonl, best/, last/")
+    eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
+                          "paper's App. A says every 250)", "official code", ge=1)
     tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1", gt=0)
     pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (unsup) or [CLS]+MLP (sup)",
                       "official code", choices=["cls", "cls_before_pooler"])
