@@ -166,7 +166,7 @@ class TrainArgs:
         if not (Path(self.sts_dir) / "STS").is_dir() or not (Path(self.sts_dir) / "SICK").is_dir():
             raise UserError(f"--sts_dir {self.sts_dir}: expected STS/ and SICK/ inside (SentEval's "
                             f"layout). Run `python common.py download` and pass --sts_dir data/sts.")
-        positions = max_positions(encoder_config(self.model))
+        positions = encoder_positions(self.model)
         if self.max_len > positions:
             raise UserError(f"--max_len {self.max_len}: {self.model} has {positions} positions. "
                             f"Pass --max_len {positions} or less.")
@@ -219,6 +219,7 @@ def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | No
             if k not in given:
                 setattr(args, k, v)
     return args
+
 
 # =====================================================================================
 # Data: read, check, tokenise once, cache as integer arrays
@@ -414,6 +415,7 @@ def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
         return folder / ".cache"
     return Path(tempfile.gettempdir()) / "cl-sent-cache"
 
+
 # =====================================================================================
 # Models: encoder loading, poolers
 # =====================================================================================
@@ -429,6 +431,13 @@ def encoder_config(name: str, flag: str = "--model"):
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise _not_loaded(flag, name, e)
+
+
+@functools.lru_cache(maxsize=4)
+def encoder_positions(name: str, flag: str = "--model") -> int:
+    """max_positions of encoder `name`, from its config alone; read once, however many checks
+    ask (TrainArgs.check, and ConIsI's, whose pairs take twice --max_len)."""
+    return max_positions(encoder_config(name, flag))
 
 
 def _not_loaded(flag: str, name: str, e: Exception) -> UserError:
@@ -586,6 +595,7 @@ def fp32(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
     return wrapped
 
+
 # =====================================================================================
 # Distributed (torchrun): the contrastive loss sees the global batch
 # =====================================================================================
@@ -646,6 +656,7 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     if world()[1] == 1:
         return x
     return _GatherWithGrad.apply(x)
+
 
 # =====================================================================================
 # The training loop
@@ -751,10 +762,17 @@ def make_training(model: nn.Module, encoder: nn.Module, args: TrainArgs, total: 
     # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
     train_model = wrap_ddp(model, device) if world_size > 1 else model
-    if device.type == "cuda":   # the same step, compiled and replayed from a CUDA graph
-        return opt, sched, FastStep(train_model, params, opt, sched, device, args.max_grad_norm, world_size,
-                                    args.compile)
-    return opt, sched, make_step(train_model, params, opt, sched, device, args.max_grad_norm, world_size)
+    return opt, sched, pick_step(train_model, params, opt, sched, device, args.max_grad_norm, world_size,
+                                 args.compile)
+
+
+def pick_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float,
+              world_size: int, compile_: bool):
+    """The step train() runs: make_step's on a CPU; on CUDA the same step compiled and replayed
+    from a CUDA graph (FastStep)."""
+    if device.type == "cuda":
+        return FastStep(model, params, opt, sched, device, max_grad_norm, world_size, compile_)
+    return make_step(model, params, opt, sched, device, max_grad_norm, world_size)
 
 
 def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
@@ -1174,6 +1192,7 @@ def format_sts_table(res: dict, paper: dict | None = None, paper_name: str = "pa
                  "each task's pairs); STS-B and SICK-R on their test sets.")
     return "\n".join(lines)
 
+
 # =====================================================================================
 # Checkpoints: Hugging Face + sentence-transformers in one folder, written atomically
 # =====================================================================================
@@ -1270,6 +1289,7 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
     for name, obj in (extra or {}).items():
         (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
     commit()
+
 
 # =====================================================================================
 # Fast path: make_step's step compiled and replayed from a CUDA graph. A reader of the papers can
@@ -1439,6 +1459,7 @@ class FastStep:
                 self.static[k][kk].copy_(v, non_blocking=True)
         self.graph.replay()
         return self._kept(*self.graph_out)
+
 
 # =====================================================================================
 # Command line: download, eval, compare, bench
@@ -2072,10 +2093,8 @@ def bench(argv: list[str], make_model: Callable[[nn.Module], nn.Module], prog: s
         total = a.steps + a.warmup
         opt = make_optimizer(params, 3e-5, 0.0, device) if fast else torch.optim.AdamW(params, lr=3e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
-        if fast and device.type == "cuda":
-            step = FastStep(model, params, opt, sched, device, 1.0, 1, a.compile)
-        else:
-            step = make_step(model, params, opt, sched, device, 1.0, 1, amp=fast)
+        step = (pick_step(model, params, opt, sched, device, 1.0, 1, a.compile) if fast
+                else make_step(model, params, opt, sched, device, 1.0, 1, amp=False))
         ms, warm, loss = time_step(step, lambda i: device_batch(data, plan[i], a.max_len, device),
                                    a.steps, a.warmup, device)
         mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")

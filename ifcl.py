@@ -114,7 +114,7 @@ class Args(common.TrainArgs):
                             f"positive; shorten the queue or lower --lam.")
         if self.no_fraternal:
             return
-        made_here = self.fraternal_data == str(default_fraternal_path(self.data, self.mt_model, self.cache_dir))
+        made_here = made_from_data(self)
         if not Path(self.fraternal_data).is_file():
             if not made_here:
                 check_fraternal_file(self)          # the user's file is missing
@@ -383,6 +383,12 @@ def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Pat
     return common.default_cache_dir(data, "") / name
 
 
+def made_from_data(args: Args) -> bool:
+    """Whether --fraternal_data is the German file this script makes from --data (main() points
+    it there when the flag is left out), not a file of the user's."""
+    return args.fraternal_data == str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+
+
 def check_fraternal_file(args: Args) -> None:
     """Stop before anything is loaded when a --fraternal_data given by the user is missing."""
     if not Path(args.fraternal_data).is_file():
@@ -644,11 +650,11 @@ def main(argv: list[str] | None = None) -> dict | Path:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)",
               file=sys.stderr)
         args.no_twins = True
-    made_here = not args.no_fraternal and not args.fraternal_data
-    if made_here:                                  # made from --data on the first run, then reused
+    if not args.no_fraternal and not args.fraternal_data:  # made from --data on the first run, then reused
         args.fraternal_data = str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
         if int(os.environ.get("RANK", "0")) == 0:  # an earlier launch's failure note goes
             failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)  # before the ranks meet
+    made_here = not args.no_fraternal and made_from_data(args)   # as Args.rules() decides it
     to_translate = made_here and not Path(args.fraternal_data).is_file()
     device = common.start(args)                    # torchrun, flags checked, seed, output folder
     if to_translate:                               # the first run: rank 0 translates, the rest wait
