@@ -60,6 +60,14 @@ def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hi
     wp = BertWordPieceTokenizer(lowercase=lowercase)
     wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
     wp.save_model(str(folder))
+    # The trainer's token set is the same every run, but its ids are not: merges that tie fall in
+    # a different order in each process, and the ids move the random embedding rows under every
+    # token. Special tokens first, then the rest sorted, gives every session the same model.
+    vocab = folder / "vocab.txt"
+    words = vocab.read_text(encoding="utf-8").splitlines()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert words[:5] == special, words[:5]
+    vocab.write_text("\n".join(special + sorted(words[5:])) + "\n", encoding="utf-8")
     tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=lowercase)
     # transformers 5 can silently fall back to a 5-token vocabulary: check the size
     assert len(tok) == vocab_size, f"tiny tokenizer has {len(tok)} tokens, expected {vocab_size}"
