@@ -91,6 +91,12 @@ class Args(common.TrainArgs):
             raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
                             f"model; give every value once.")
 
+    def check(self) -> None:
+        super().check()
+        if self.eval_every == 0:  # App. A: every 10% of an epoch; resolved here, so args.json has it
+            rows = len(next(iter(common.load_columns(self.data).values())))  # cached: read once
+            self.eval_every = max(1, rows // self.batch_size // 10)
+
 
 # Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
 # beside this run's numbers at the end.
@@ -435,9 +441,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
     device = start(args)                         # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
-    n = len(next(iter(columns.values())))
-    if args.eval_every <= 0:                     # App. A: evaluate every 10% of the data
-        args.eval_every = max(1, n // args.batch_size // 10)
     tokenizer, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     best_dirs = entropy_stage(args, data, device)
