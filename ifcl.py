@@ -505,9 +505,6 @@ def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path
             return out
         raise UserError(f"--out {out} exists with {k} lines but --data {a.data} has {len(src)} "
                         f"sentences. Delete it or choose another --out.")
-    if a.batch_size < 0 or a.chunk_size < 1:
-        raise UserError(f"--batch_size {a.batch_size} / --chunk_size {a.chunk_size}: the batch must "
-                        f"be 0 (automatic) or more, the chunk at least 1.")
     h = hashlib.sha256("\n".join(src).encode()).hexdigest()
     key = {"data_sha256": h, "lines": len(src), "mt_model": a.mt_model, "prefix": a.prefix,
            "num_beams": a.num_beams, "max_new_tokens": a.max_new_tokens,
