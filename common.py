@@ -163,9 +163,7 @@ class TrainArgs:
         barrier()
         rows = len(next(iter(load_columns(self.data).values())))   # a missing, empty or non-UTF-8 file
         check_batch(rows, self.batch_size, self.data, world()[1])  # stops here, with the line
-        if not (Path(self.sts_dir) / "STS").is_dir() or not (Path(self.sts_dir) / "SICK").is_dir():
-            raise UserError(f"--sts_dir {self.sts_dir}: expected STS/ and SICK/ inside (SentEval's "
-                            f"layout). Run `python common.py download` and pass --sts_dir data/sts.")
+        check_sts_dir(self.sts_dir)
         positions = encoder_positions(self.model)
         if self.max_len > positions:
             raise UserError(f"--max_len {self.max_len}: {self.model} has {positions} positions. "
@@ -1112,6 +1110,14 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
     return 0.0 if np.isnan(r) else float(r) * 100
 
 
+def check_sts_dir(sts_dir: str | Path) -> None:
+    """--sts_dir must hold SentEval's STS/ and SICK/ folders: checked before training starts
+    (TrainArgs.check) and before every evaluation."""
+    if not (Path(sts_dir) / "STS").is_dir() or not (Path(sts_dir) / "SICK").is_dir():
+        raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
+                        f"Run `python common.py download` and pass --sts_dir data/sts.")
+
+
 def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
                  tasks: list[str] | None = None, split: str = "test") -> dict:
     """Spearman x100 of cosine similarity on the STS tasks, per ../shared/specs/sts_protocol.md.
@@ -1120,9 +1126,7 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
     concatenated); split="dev": STS-B dev and SICK-R trial. res["avg"] = mean of the reported
     figures. Every distinct sentence is encoded once."""
     data_dir = Path(data_dir)
-    if not (data_dir / "STS").is_dir() or not (data_dir / "SICK").is_dir():
-        raise UserError(f"--sts_dir {data_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
-                        f"Run `python common.py download` to fetch them.")
+    check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
     loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
