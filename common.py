@@ -161,8 +161,8 @@ class TrainArgs:
         if world()[0] == 0:
             ensure_data(self)
         barrier()
-        rows = len(next(iter(load_columns(self.data).values())))   # a missing, empty or non-UTF-8 file
-        check_batch(rows, self.batch_size, self.data, world()[1])  # stops here, with the line
+        # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
+        check_batch(data_rows(self.data), self.batch_size, self.data, world()[1])
         check_sts_dir(self.sts_dir)
         positions = encoder_positions(self.model)
         if self.max_len > positions:
@@ -230,6 +230,23 @@ NLI = "nli_for_simcse.csv"
 SENTEVAL = "senteval.tar"
 
 
+def read_once(read: Callable) -> Callable:
+    """Decorator for a reader read(path, flag): a file is read once. A later call for the same
+    file, unchanged (same size and modification time), returns what the first call read: the
+    checks read the training files (TrainArgs.check, a script's rules()), and the script reads
+    them again to train. What it returns is shared between callers: do not change it."""
+    @functools.lru_cache(maxsize=2)
+    def cached(path: str, flag: str, stamp: tuple | None):
+        return read(path, flag)
+
+    @functools.wraps(read)
+    def wrapped(path: str | Path, flag: str = "--data"):
+        stat = Path(path).stat() if Path(path).is_file() else None
+        return cached(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size))
+    return wrapped
+
+
+@read_once
 def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
     """One sentence per line, UTF-8. Blank lines are skipped and counted; anything else that
     is wrong (missing, empty, not UTF-8) stops with the line number and what to do."""
@@ -261,6 +278,7 @@ def count_lines(path: str | Path) -> int:
         return sum(1 for _ in f)
 
 
+@read_once
 def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
     """SimCSE's supervised CSV: a header `sent0,sent1[,hard_neg]`, one triplet a row."""
     path = Path(path)
@@ -294,17 +312,16 @@ def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[s
 
 
 def load_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
-    """{'text': [...]} for a text file, {'sent0','sent1'[,'hard_neg']} for a CSV. Read once:
-    TrainArgs.check reads --data to check it, and the script's call gets the same lists."""
-    stat = Path(path).stat() if Path(path).is_file() else None
-    return dict(_read_columns(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size)))
-
-
-@functools.lru_cache(maxsize=2)
-def _read_columns(path: str, flag: str, stamp: tuple | None) -> dict[str, list[str]]:
-    if path.lower().endswith(".csv"):
-        return read_csv_columns(path, flag)
+    """{'text': [...]} for a text file, {'sent0','sent1'[,'hard_neg']} for a CSV, each file
+    read once (read_once)."""
+    if str(path).lower().endswith(".csv"):
+        return dict(read_csv_columns(path, flag))
     return {"text": read_sentences(path, flag)}
+
+
+def data_rows(path: str | Path) -> int:
+    """Examples in --data: its sentences, or its CSV rows (the file read once: read_once)."""
+    return len(next(iter(load_columns(path).values())))
 
 
 @dataclass

@@ -120,7 +120,7 @@ class Args(common.TrainArgs):
                 check_fraternal_file(self)          # the user's file is missing
             check_mt_model(self.mt_model)           # it will be made on this first run
         elif Path(self.data).is_file():             # it must be parallel to --data
-            read_fraternal(self, len(common.load_columns(self.data)["text"]), made_here)
+            read_fraternal(self, common.data_rows(self.data), made_here)
 
 
 @dataclass

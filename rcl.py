@@ -94,8 +94,7 @@ class Args(common.TrainArgs):
     def check(self) -> None:
         super().check()
         if self.eval_every == 0:  # App. A: every 10% of an epoch; resolved here, so args.json has it
-            rows = len(next(iter(common.load_columns(self.data).values())))  # cached: read once
-            self.eval_every = max(1, rows // self.batch_size // 10)
+            self.eval_every = max(1, common.data_rows(self.data) // self.batch_size // 10)
 
 
 # Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed

@@ -89,6 +89,23 @@ def test_read_csv_columns(tmp_path):
         common.load_columns(p)
 
 
+def test_a_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    """read_once: the checks and the script read the same files (--data, IFCL's German file);
+    a later call for an unchanged file returns the first call's result, a changed file is read
+    again."""
+    reads, real = [], Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    txt, pairs = tmp_path / "s.txt", tmp_path / "p.csv"
+    txt.write_text("a b\nc d\n")
+    pairs.write_text("sent0,sent1\nx,y\n")
+    first = common.read_sentences(txt)
+    assert common.load_columns(txt)["text"] is first and common.data_rows(txt) == 2
+    assert common.load_columns(pairs) == common.load_columns(pairs) == {"sent0": ["x"], "sent1": ["y"]}
+    assert reads == ["s.txt", "p.csv"]
+    txt.write_text("a b\nc d\ne f\n")
+    assert common.data_rows(txt) == 3 and reads == ["s.txt", "p.csv", "s.txt"]
+
+
 def ref_plain(tok):
     return tok.backend_tokenizer.encode("a b c").ids
 
