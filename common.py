@@ -774,8 +774,7 @@ def make_training(model: nn.Module, encoder: nn.Module, args: TrainArgs, total: 
     model.train()  # from_pretrained() hands the encoder back in eval mode: dropout would be off
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, args.lr, args.weight_decay, device)
-    # linear decay from lr to 0 over all steps, no warm-up (SimCSE's HF Trainer default)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+    sched = linear_decay(opt, total)
     train_model = wrap_ddp(model, device) if world_size > 1 else model
     return opt, sched, pick_step(train_model, params, opt, sched, device, args.max_grad_norm, world_size,
                                  args.compile)
@@ -788,6 +787,12 @@ def pick_step(model: nn.Module, params: list, opt, sched, device: torch.device, 
     if device.type == "cuda":
         return FastStep(model, params, opt, sched, device, max_grad_norm, world_size, compile_)
     return make_step(model, params, opt, sched, device, max_grad_norm, world_size)
+
+
+def linear_decay(opt, total: int):
+    """The learning rate from its peak down to 0 over `total` steps, in a straight line, no
+    warm-up (SimCSE's HF Trainer default); stepped once a step."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
 
 
 def make_optimizer(params: list, lr: float, weight_decay: float, device: torch.device):
@@ -2113,7 +2118,7 @@ def bench(argv: list[str], make_model: Callable[[nn.Module], nn.Module], prog: s
         params = [p for p in model.parameters() if p.requires_grad]
         total = a.steps + a.warmup
         opt = make_optimizer(params, 3e-5, 0.0, device) if fast else torch.optim.AdamW(params, lr=3e-5)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+        sched = linear_decay(opt, total)
         step = (pick_step(model, params, opt, sched, device, 1.0, 1, a.compile) if fast
                 else make_step(model, params, opt, sched, device, 1.0, 1, amp=False))
         ms, warm, loss = time_step(step, lambda i: device_batch(data, plan[i], a.max_len, device),
