@@ -101,6 +101,11 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
     return field(default=default, metadata=meta)
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The default of a field that arg() made (a list default comes from a factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
                "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
 
@@ -114,7 +119,7 @@ def check_ranges(args: Any) -> None:
             for k, bound in f.metadata.get("range", {}).items():
                 word, ok = RANGE_WORDS[k]
                 if not ok(x, bound):
-                    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                    default = field_default(f)
                     default = " ".join(map(str, default)) if isinstance(default, list) else default
                     raise UserError(f"--{f.name} {x}: must be {word} {bound:g}. Pass a value in range, "
                                     f"e.g. the default --{f.name} {default}.")
@@ -188,7 +193,7 @@ def build_parser(cls: type, description: str | None = None) -> argparse.Argument
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
         typ, is_list = _flag_type(f)
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = field_default(f)
         # the real default in --help; SUPPRESS tells parse_args which flags were given
         source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{f.metadata.get('help', '')} "
