@@ -1137,10 +1137,15 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
     return 0.0 if np.isnan(r) else float(r) * 100
 
 
+def is_sts_dir(folder: str | Path) -> bool:
+    """Whether `folder` holds SentEval's STS/ and SICK/ folders."""
+    return (Path(folder) / "STS").is_dir() and (Path(folder) / "SICK").is_dir()
+
+
 def check_sts_dir(sts_dir: str | Path) -> None:
     """--sts_dir must hold SentEval's STS/ and SICK/ folders: checked before training starts
     (TrainArgs.check) and before every evaluation."""
-    if not (Path(sts_dir) / "STS").is_dir() or not (Path(sts_dir) / "SICK").is_dir():
+    if not is_sts_dir(sts_dir):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
                         f"Run `python common.py download` and pass --sts_dir data/sts.")
 
@@ -1594,7 +1599,7 @@ def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[s
             got[item] = final
         elif item == "sts":
             final = dest / "sts"
-            if (final / "STS").is_dir() and (final / "SICK").is_dir():
+            if is_sts_dir(final):
                 print(f"{final}: present, not fetched again", file=sys.stderr)
             else:
                 with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
