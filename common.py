@@ -60,6 +60,11 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from tqdm.auto import tqdm  # comes with transformers
 
+try:
+    import fcntl                       # POSIX: the run-folder lock (hold_run_folder)
+except ImportError:                    # Windows
+    fcntl = None
+
 
 class UserError(Exception):
     """A problem with the user's input (a file, a flag): printed as one clear message."""
@@ -82,6 +87,8 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
               "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "
               "loss still sees the whole batch).", file=sys.stderr)
         sys.exit(3)
+    finally:
+        release_run_folders()
 
 
 # =====================================================================================
@@ -90,11 +97,12 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
 
 def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,
         ge: float | None = None, gt: float | None = None, le: float | None = None,
-        lt: float | None = None) -> Any:
+        lt: float | None = None, note: str = "") -> Any:
     """A dataclass field with its help text, where its default comes from (paper Tab. N /
     paper Sec. N / paper App. X / official code / ours), and the range its value must lie in
-    (ge: >=, gt: >, le: <=, lt: <; for a list, every element), checked by check_ranges."""
-    meta = {"help": help, "source": source, "choices": choices,
+    (ge: >=, gt: >, le: <=, lt: <; for a list, every element), checked by check_ranges.
+    `note` is added to a range error: why the range, and the values the paper used."""
+    meta = {"help": help, "source": source, "choices": choices, "note": note,
             "range": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -121,8 +129,9 @@ def check_ranges(args: Any) -> None:
                 if not ok(x, bound):
                     default = field_default(f)
                     default = " ".join(map(str, default)) if isinstance(default, list) else default
-                    raise UserError(f"--{f.name} {x}: must be {word} {bound:g}. Pass a value in range, "
-                                    f"e.g. the default --{f.name} {default}.")
+                    note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+                    raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
+                                    f"range, e.g. the default --{f.name} {default}.")
 
 
 @dataclass
@@ -159,6 +168,9 @@ class TrainArgs:
         own: rules()), the files and folders (the defaults downloaded first, on first use),
         --max_len against the encoder's positions."""
         check_ranges(self)
+        if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
+            raise UserError(f"--output_dir {self.output_dir}: is a file; it must be a folder (the run "
+                            f"folder). Pass a new folder's path, or that of a run to --resume.")
         if self.epochs == 0 and self.max_steps == 0:
             raise UserError("--epochs 0: train at least one epoch, or give --max_steps N to train "
                             "N steps whatever the epochs.")
@@ -256,6 +268,9 @@ def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
     """One sentence per line, UTF-8. Blank lines are skipped and counted; anything else that
     is wrong (missing, empty, not UTF-8) stops with the line number and what to do."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a file. Pass a text file with one sentence "
+                        f"per line.")
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file. Pass a text file with one sentence per "
                         f"line, or run `python common.py download` for SimCSE's wiki1m.")
@@ -287,6 +302,9 @@ def count_lines(path: str | Path) -> int:
 def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
     """SimCSE's supervised CSV: a header `sent0,sent1[,hard_neg]`, one triplet a row."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a file. Pass a CSV with columns "
+                        f"sent0,sent1[,hard_neg].")
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file. Pass a CSV with columns sent0,sent1[,hard_neg], "
                         f"or run `python common.py download` for SimCSE's NLI triplets.")
@@ -706,12 +724,16 @@ def make_step(model: nn.Module, params: list, opt, sched, device: torch.device,
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
           pooler: str, mlp: nn.Module | None = None, output_dir: str | Path | None = None,
           paper: dict | None = None, paper_name: str = "paper", log_extra: Callable[[], dict] | None = None,
-          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True) -> dict:
+          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True,
+          stop_every: int | None = None) -> dict:
     """Train `model` on `data`; keep the best checkpoint of `encoder` (+ `mlp` for the `cls`
     pooler) by STS-B dev. model(batch) -> loss or (loss, {name: 0-dim tensor} to log), batch =
     {column: {"input_ids": (B, L), "attention_mask": (B, L)}}, rows aligned across columns.
-    log_extra() adds figures to each evaluation; should_stop(step, mean loss since the last
-    evaluation), called at each, ends training when True (its state_dict() goes into last/).
+    log_extra() adds figures to each evaluation; should_stop(step, mean loss since its last
+    call), called every `stop_every` steps (default: at each evaluation) and at the last step,
+    ends training when True: the run is then evaluated and checkpointed at that step, so that
+    last/ and the last dev figure are of the weights it stopped with (its state_dict() goes
+    into last/).
     Returns {"best_dev", "best_step", "steps", "stopped_early", "last_dev", "test"}."""
     out, (rank, world_size) = Path(output_dir or args.output_dir), world()
     device = next(model.parameters()).device
@@ -720,6 +742,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     # the epochs, or --max_steps if it is given and shorter (or if --epochs is 0)
     total = min(s for s in (steps_per_epoch * args.epochs, args.max_steps) if s > 0)
     opt, sched, step_fn = make_training(model, encoder, args, total, device, world_size)
+    if rank == 0:
+        hold_run_folder(out)  # start() holds --output_dir already; this is for RCL's entropy models
     run = RunFolder(out, args, model, opt, sched, should_stop, encoder, tokenizer, pooler, mlp)
     st = run.resume() if args.resume else {}
     step, best, best_step = st.get("step", 0), st.get("best", -float("inf")), st.get("best_step", 0)
@@ -728,6 +752,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     encode = make_encode(_unwrap(encoder), tokenizer, pooler, mlp)
     pad_to = args.max_len if device.type == "cuda" else None  # static shapes for the CUDA graph
     stopped, plan_epoch = "early" if st.get("stopped_early") else None, -1
+    meter.load_check_state(st.get("since_check"))
+    check_every = stop_every or args.eval_every
     while step < total and stopped is None:
         epoch, b = divmod(step, steps_per_epoch)
         if epoch != plan_epoch:
@@ -737,7 +763,10 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         step += 1
         meter.add(loss, stats, args.batch_size)
         bar.update(1)
-        evaluate_now = step % args.eval_every == 0 or step == total
+        if should_stop is not None and (step % check_every == 0 or step == total) \
+                and should_stop(step, meter.loss_since_check()):
+            stopped = "early"
+        evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
         if step % args.log_every == 0 or evaluate_now:
             if bool(meter.bad):
                 stopped = "nan"
@@ -746,14 +775,13 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             run.log.write(rec)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", sent_s=f"{rec['sent_per_s']:.0f}")
         if evaluate_now:
-            if should_stop is not None and should_stop(step, meter.loss_since_eval()):
-                stopped = "early"
             if rank == 0:
                 last = {"step": step, **evaluate_dev(encode, args.sts_dir)}
                 last.update(log_extra() if log_extra else {})
                 improved = last["stsb_dev"] > best
                 best, best_step = (last["stsb_dev"], step) if improved else (best, best_step)
-                run.save(dict(last, best_stsb_dev=best), best_step, improved, stopped == "early")
+                run.save(dict(last, best_stsb_dev=best), best_step, improved, stopped == "early",
+                         meter.check_state())
                 bar.write(f"step {step}: STS-B dev {last['stsb_dev']:.2f}  SICK-R dev {last['sickr_dev']:.2f}"
                           f"  (best {best:.2f} at step {best_step})")
             barrier()
@@ -840,8 +868,21 @@ def ensure_data(args: TrainArgs) -> None:
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
+    """Take the run folder for this process (hold_run_folder: a second process stops here), and
+    refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
     out = Path(output_dir)
+    new = not out.exists()
+    hold_run_folder(out)
+    try:
+        return _check_run_folder(out, resume)
+    except UserError:
+        if new:                            # the folder this call made for its lock, and nothing else
+            release_run_folders(out)
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _check_run_folder(out: Path, resume: bool) -> Path:
     recover_dir(out / "best")
     recover_dir(out / "last")
     if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
@@ -909,13 +950,13 @@ def _unwrap(m: nn.Module) -> nn.Module:
 
 class Meter:
     """The log's running figures: mean loss and extra terms between two log lines, sentences/s,
-    the mean loss since the last evaluation (for should_stop), and whether any loss was NaN or
+    the mean loss since should_stop's last call, and whether any loss was NaN or
     infinite. The sums stay on the device: reading them, once a log line, is the only wait."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.bad = torch.zeros((), dtype=torch.bool, device=device)
-        self.since_eval, self.steps_since_eval = torch.zeros((), device=device), 0
+        self.since_check, self.steps_since_check = torch.zeros((), device=device), 0
         self._restart()
 
     def _restart(self) -> None:
@@ -925,9 +966,9 @@ class Meter:
     def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], sentences: int) -> None:
         self.bad |= ~torch.isfinite(loss)
         self.loss += loss
-        self.since_eval += loss
+        self.since_check += loss
         self.steps += 1
-        self.steps_since_eval += 1
+        self.steps_since_check += 1
         self.sentences += sentences
         for k, v in stats.items():
             self.stats[k] = self.stats.get(k, 0) + v
@@ -940,10 +981,20 @@ class Meter:
         self._restart()
         return rec
 
-    def loss_since_eval(self) -> float:
-        mean = float(self.since_eval) / self.steps_since_eval
-        self.since_eval, self.steps_since_eval = torch.zeros((), device=self.device), 0
+    def loss_since_check(self) -> float:
+        mean = float(self.since_check) / self.steps_since_check
+        self.since_check, self.steps_since_check = torch.zeros((), device=self.device), 0
         return mean
+
+    def check_state(self) -> list:
+        """The loss sum and step count since should_stop's last call, for last/: a resume
+        between two calls gives the next call the same mean as an uninterrupted run."""
+        return [float(self.since_check), self.steps_since_check]
+
+    def load_check_state(self, state: list | None) -> None:
+        if state is not None:
+            self.since_check = torch.tensor(state[0], device=self.device)
+            self.steps_since_check = state[1]
 
 
 class MetricsLog:
@@ -990,7 +1041,8 @@ class RunFolder:
         save_pretrained_dir(self.out / "best", self.encoder, self.tokenizer, self.pooler, self.mlp,
                             extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": rec})
 
-    def save(self, rec: dict, best_step: int, improved: bool, stopped_early: bool = False) -> None:
+    def save(self, rec: dict, best_step: int, improved: bool, stopped_early: bool = False,
+             since_check: list | None = None) -> None:
         """One evaluation, in the order a kill may interrupt: the record, then last/ with the
         log's length (a resume cuts the log back to it) and whether should_stop ended training
         here, then best/ (re-saved on resume if a kill left it behind last/)."""
@@ -999,7 +1051,7 @@ class RunFolder:
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
                     "sched": self.sched.state_dict(), "step": rec["step"], "best": rec["best_stsb_dev"],
                     "best_step": best_step, "dev": rec, "log_bytes": self.log.size(),
-                    "stopped_early": stopped_early,
+                    "stopped_early": stopped_early, "since_check": since_check,
                     "should_stop": getattr(self.should_stop, "state_dict", lambda: None)(),
                     "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
@@ -1261,6 +1313,50 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+# run folders this process holds: resolved path -> the open lock file (its flock lives with it)
+_HELD: dict[str, Any] = {}
+LOCK = "run.lock"
+
+
+def hold_run_folder(folder: str | Path) -> None:
+    """Take `folder` for this process: an OS lock (flock) on <folder>/run.lock, which the system
+    drops when the process ends, however it ends (kill -9 and a crash included), so a dead
+    run leaves nothing that blocks its --resume. A second process stops here with a UserError
+    that names the folder and the process holding it, before it writes anything else. Taking a
+    folder this process already holds is a no-op. NOTE(ours): where there is no fcntl
+    (Windows), folders are not locked."""
+    folder = Path(folder)
+    key = str(folder.resolve())
+    if key in _HELD or fcntl is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / LOCK, "a+")          # "a+": a process that loses must not erase the holder's line
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
+                        f"in a run folder: wait for that one to end (or stop it), then continue the "
+                        f"run with --resume; or choose another --output_dir.")
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+    f.flush()
+    _HELD[key] = f
+
+
+def release_run_folders(*folders: str | Path) -> None:
+    """Let go of the given run folders (all, with none given) before the process ends: for a
+    process that trains several runs one after the other (the tests)."""
+    keys = [str(Path(f).resolve()) for f in folders] if folders else list(_HELD)
+    for k in keys:
+        f = _HELD.pop(k, None)
+        if f is not None:
+            f.close()                      # closing the file drops its flock
 
 
 def recover_dir(final: Path) -> Path:

@@ -33,6 +33,15 @@ def need_shared(*parts: str) -> Path:
     return p
 
 
+@pytest.fixture(autouse=True)
+def _release_run_folders():
+    """A run folder is held (locked) by the process that trains in it until that process ends;
+    tests run many trainings in one process, so each test lets its folders go."""
+    yield
+    import common
+    common.release_run_folders()
+
+
 @pytest.fixture(scope="session")
 def shared() -> Path:
     return need_shared()

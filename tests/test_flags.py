@@ -41,6 +41,8 @@ SHARED = [
     (["--data", "{tmp}/missing.txt"], r"--data .*missing\.txt: no such file"),
     (["--data", "{tmp}/empty.txt"], r"--data .*empty\.txt: the file has no sentences"),
     (["--data", "{tmp}/latin1.txt"], r"--data .*latin1\.txt: line 2 is not UTF-8.*iconv"),
+    (["--data", "{tmp}"], r"--data .*: is a folder, not a file\. Pass a "),
+    (["--output_dir", "{tmp}/afile"], r"--output_dir .*afile: is a file; it must be a folder"),
     (["--model", "{tmp}/no-model"], r"--model .*no-model: could not load it"),
 ]
 EVAL_EVERY = (["--eval_every", "0"], r"--eval_every 0: must be >= 1")
@@ -76,6 +78,7 @@ def bad_files(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "latin1.txt").write_bytes("fine\ncaf\xe9 au lait\n".encode("latin1"))
     (tmp_path / "pairs.csv").write_text("sent0,sent1\na,b\nc,d\n")
+    (tmp_path / "afile").write_text("not a folder\n")
     return tmp_path
 
 

@@ -290,5 +290,69 @@ def test_rcl_killed_and_resumed_reads_as_one_run(tmp_path, tiny_bert, sentences,
     assert not list(run.rglob(".*")), "a temporary folder or file left behind"
 
 
+# ------------------------------------------------------------------------------------
+# One process per run folder
+# ------------------------------------------------------------------------------------
+
+# simcse.py with every training step slowed by 0.3 s: a run that is surely still alive while a
+# second process tries its folder (the run itself is unchanged)
+SLOW_RUN = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import common, simcse
+real = common.make_step
+def make_step(*a, **k):
+    step = real(*a, **k)
+    return lambda batch: (time.sleep(0.3), step(batch))[1]
+common.make_step = make_step
+common.run_main(simcse.main, sys.argv[2:])
+"""
+
+
+def test_a_second_process_on_a_live_run_stops_and_a_killed_one_does_not_block(
+        tmp_path, tiny_bert, sentences, small_sts, cache_dir):
+    """A --resume started while the run is still alive (a job restarted, a second terminal)
+    stops before it writes anything, exit 2, naming the folder and the process that holds it;
+    once that process is killed (-9: no chance to clean up), --resume continues the run, and
+    the log reads as one run."""
+    out = tmp_path / "run"
+    argv = ["--model", str(tiny_bert), "--data", str(sentences), "--sts_dir", str(small_sts),
+            "--output_dir", str(out), "--cache_dir", str(cache_dir), "--batch_size", "8",
+            "--max_steps", "30", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3", "--max_len", "16"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(ROOT), *argv], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not (out / "last" / "state.pt").exists():      # the first checkpoint (step 2)
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.time() - t0 < 120, "the first run wrote no checkpoint"
+            time.sleep(0.2)
+        args_before = (out / "args.json").read_text()
+        second = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first run ended before the second one tried its folder"
+        assert second.returncode == 2, second.stderr[-3000:]
+        err = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+        assert len(err) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        assert f"--output_dir {out} is in use by process {first.pid} " in err[0], err[0]
+        assert "--resume" in err[0]
+        assert (out / "args.json").read_text() == args_before      # still the first run's
+    finally:
+        first.kill()                                               # SIGKILL
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    third = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    recs = _records(out / "metrics.jsonl")
+    train = [r["step"] for r in recs if "loss" in r]
+    evals = [r["step"] for r in recs if "stsb_dev" in r]
+    assert train == list(range(1, 31)) and evals == list(range(2, 31, 2))
+    # the lock file names its last holder, for the message a second process prints
+    assert "simcse.py" in (out / "run.lock").read_text()
+
+
 if __name__ == "__main__":
     _driver(sys.argv[1])
