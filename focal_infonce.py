@@ -17,8 +17,12 @@ Run:
       --output_dir runs/focal-minilm                # the small real testbed (../shared/README.md)
   python focal_infonce.py --model <tiny folder> --data ../shared/data/wiki1m_head.txt \
       --sts_dir ../shared/data/sts --max_steps 20 --eval_every 10   # a quick CPU run
-  python focal_infonce.py --m 0.2                   # an ablation is a flag (paper Tab. 5)
-  python focal_infonce.py --no-modulate             # plain InfoNCE at the same tau (= SimCSE)
+The paper's ablation rows, one flag each (README.md maps every row to its command):
+  python focal_infonce.py --m 0.2                   # Tab. 5: the hardness margin m (0.1 ... 0.4)
+  python focal_infonce.py --tau 0.05                # Tab. 4: the temperature (0.03 ... 0.1)
+  python focal_infonce.py --no-modulate --tau 0.05  # Tab. 2/3's SimCSE row: SimCSE's loss and tau
+  python focal_infonce.py --no-modulate             # ours: plain InfoNCE at Focal's tau 0.07, a
+                                                    # control that changes the loss alone
   Other settings of paper Tab. 1 (tau: the best of Tab. 4; m 0.3 throughout):
     --model bert-large-uncased --lr 1e-5 --tau 0.07                   (batch 64)
     --model roberta-base  --batch_size 512 --lr 1e-5 --tau 0.05
@@ -60,11 +64,17 @@ class Args(common.TrainArgs):
     output_dir: str = arg("runs/focal_infonce", "run folder: args.json, metrics.jsonl, best/, last/")
     # NOTE(paper vs code): Sec. 4 prints tau {0.7, 0.7, 0.5, 0.5}; Tab. 4 (best 0.07 for
     # BERT-base) and the official script's --temp 0.05 show that 0.07/0.05 were meant.
-    tau: float = arg(0.07, "temperature of Eq. (2)", "paper Tab. 4", gt=0)
-    m: float = arg(0.3, "hardness margin of the negative modulation s_n + m", "paper Sec. 4")
+    tau: float = arg(0.07, "temperature of Eq. (2)", "paper Tab. 4", gt=0,
+                     note="The paper's Tab. 4 tries 0.03 to 0.1.")
+    # NOTE(ours): m in [0, 1): negatives with s_n > 1 - m are the hard ones (Fig. 1); m < 0 would
+    # turn Eq. (2) round (the hardest negatives get the smallest logits), m >= 1 makes every
+    # negative with s_n > 0 "hard"
+    m: float = arg(0.3, "hardness margin of the negative modulation s_n + m", "paper Sec. 4", ge=0, lt=1,
+                   note="Negatives with cos > 1 - m count as hard; the paper uses 0.1 to 0.4 (Tab. 5).")
     pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (the paper's) or [CLS]+MLP",
                       "official code", choices=["cls", "cls_before_pooler"])
-    modulate: bool = arg(True, "Focal-InfoNCE; --no-modulate gives plain InfoNCE (SimCSE's loss)")
+    modulate: bool = arg(True, "Focal-InfoNCE; --no-modulate gives plain InfoNCE (SimCSE's loss) at "
+                         "this --tau: add --tau 0.05 for the paper's SimCSE row")
 
     def rules(self) -> None:
         if self.data.lower().endswith(".csv"):

@@ -13,8 +13,13 @@ Run:
   python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
   python simcse.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
       --sts_dir ../shared/data/sts --output_dir runs/minilm   # the small real testbed (README)
-  python simcse.py --tau 0.1                         # an ablation is a flag
   python simcse.py bench                             # time the training step (GPU: bf16, CUDA graph)
+The paper's ablation rows, one flag each (README.md maps every row to its command):
+  python simcse.py --tau 0.01                        # Tab. D.1: the temperature (0.001 ... 1)
+  python simcse.py --pooler cls                      # Tab. 6 "w/ MLP": the MLP kept for evaluation
+  python simcse.py --no_mlp                          # Tab. 6 "w/o MLP": raw [CLS] in training too
+  python simcse.py --pooler avg_first_last           # Tab. 6 "First-last avg.": no [CLS], no MLP
+  (the default is Tab. 6 "w/ MLP (train)"; with --data nli.csv the same flags give the "Sup." column)
 
 Measured numbers: README.md, "Results" (the MiniLM testbed; the bert-base recipe prints the
 paper's numbers beside yours at the end of a run).
@@ -45,9 +50,18 @@ class Args(common.TrainArgs):
     output_dir: str = arg("runs/simcse", "run folder: args.json, metrics.jsonl, best/, last/")
     eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
                           "paper's App. A says every 250)", "official code", ge=1)
-    tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1", gt=0)
-    pooler: str = arg("cls_before_pooler", "evaluation pooler: raw [CLS] (unsup) or [CLS]+MLP (sup)",
-                      "official code", choices=["cls", "cls_before_pooler"])
+    tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1", gt=0,
+                     note="The paper's Tab. D.1 tries 0.001 to 1; 0.05 is its best.")
+    pooler: str = arg("cls_before_pooler", "sentence vector (Tab. 6): cls = [CLS] + MLP in training and "
+                      "evaluation (sup); cls_before_pooler = MLP in training only, raw [CLS] for "
+                      "evaluation (unsup); avg_first_last = mean of the first and last layers, no MLP",
+                      "official code", choices=["cls", "cls_before_pooler", "avg_first_last"])
+    no_mlp: bool = arg(False, "no MLP over [CLS] in training either (Tab. 6 'w/o MLP')", "paper Tab. 6")
+
+    def rules(self) -> None:
+        if self.no_mlp and self.pooler == "cls":
+            raise common.UserError("--no_mlp with --pooler cls: the cls pooler is [CLS] through the MLP. "
+                                   "Use --pooler cls_before_pooler with --no_mlp (Tab. 6 'w/o MLP').")
 
 
 # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win.
@@ -91,15 +105,23 @@ def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
 # =====================================================================================
 
 class SimCSE(nn.Module):
-    def __init__(self, encoder: nn.Module, tau: float, supervised: bool):
+    def __init__(self, encoder: nn.Module, tau: float, supervised: bool,
+                 pooler: str = "cls_before_pooler", mlp: bool = True):
         super().__init__()
-        self.encoder, self.tau, self.supervised = encoder, tau, supervised
-        # MLP over [CLS] (Linear + Tanh), freshly initialised; BERT's NSP pooler is not used
-        self.mlp = common.MLP(encoder.config.hidden_size)
+        self.encoder, self.tau, self.supervised, self.pooler = encoder, tau, supervised, pooler
+        # MLP over [CLS] (Linear + Tanh), freshly initialised; BERT's NSP pooler is not used.
+        # None: Tab. 6's "w/o MLP" (--no_mlp) and "First-last avg." rows
+        use_mlp = mlp and pooler != "avg_first_last"
+        self.mlp = common.MLP(encoder.config.hidden_size) if use_mlp else None
 
     def embed(self, ids: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.pooler == "avg_first_last":
+            out = self.encoder(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"],
+                               output_hidden_states=True)
+            return common.pool(out, ids["attention_mask"], "avg_first_last")   # (B, d)
         out = self.encoder(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
-        return self.mlp(out.last_hidden_state[:, 0])                          # (B, d)
+        h = out.last_hidden_state[:, 0]                                       # (B, d) [CLS]
+        return self.mlp(h) if self.mlp is not None else h                     # (B, d)
 
     def forward(self, batch: dict) -> torch.Tensor:
         if not self.supervised:
@@ -134,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     supervised = "sent0" in columns
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
-    model = SimCSE(encoder, args.tau, supervised).to(device)
+    model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp).to(device)
     return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler,
                         mlp=model.mlp if args.pooler == "cls" else None,
                         paper=PAPER["sup" if supervised else "unsup"],

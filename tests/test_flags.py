@@ -47,8 +47,13 @@ SHARED = [
 ]
 EVAL_EVERY = (["--eval_every", "0"], r"--eval_every 0: must be >= 1")
 OWN = {
-    "simcse": [EVAL_EVERY],
-    "focal_infonce": [EVAL_EVERY, (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: Focal-InfoNCE is unsupervised")],
+    "simcse": [EVAL_EVERY, (["--tau", "-1"], r"--tau -1\.0: must be > 0\. The paper's Tab\. D\.1 tries 0\.001 to 1"),
+               (["--no_mlp", "--pooler", "cls"], r"--no_mlp with --pooler cls: .*--pooler cls_before_pooler")],
+    "focal_infonce": [EVAL_EVERY, (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: Focal-InfoNCE is unsupervised"),
+                      (["--m", "-2"], r"--m -2\.0: must be >= 0\. .*the paper uses 0\.1 to 0\.4 \(Tab\. 5\)\. "
+                                      r"Pass a value in range, e\.g\. the default --m 0\.3"),
+                      (["--m", "1"], r"--m 1\.0: must be < 1\."),
+                      (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's Tab\. 4 tries 0\.03 to 0\.1")],
     "ifcl": [EVAL_EVERY,
              (["--dropout", "1"], r"--dropout 1\.0: must be < 1"),
              (["--eps", "1.5"], r"--eps 1\.5: must be <= 1"),

@@ -186,6 +186,51 @@ def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, sts_dir, cache_dir
     assert np.allclose(st.encode(sents), pooled, atol=1e-5)
 
 
+@pytest.mark.parametrize("pooler,mlp", [("cls_before_pooler", True), ("cls", True),
+                                        ("cls_before_pooler", False), ("avg_first_last", True)])
+def test_table6_poolers_train_on_the_vector_the_row_names(tiny_bert, pooler, mlp):
+    """SimCSE Tab. 6, one row a flag: "w/ MLP (train)" and "w/ MLP" train [CLS] through the MLP
+    (they differ at evaluation); "w/o MLP" (--no_mlp) trains raw [CLS]; "First-last avg."
+    trains the mean of the first and last layers, with no MLP."""
+    tok, enc = common.load_encoder(str(tiny_bert))
+    model = simcse.SimCSE(enc, 0.05, supervised=False, pooler=pooler, mlp=mlp).eval()
+    ids = tok(["a man is playing a guitar .", "the cat sleeps on the mat ."], padding=True,
+              return_tensors="pt")
+    ids = {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"]}
+    with torch.no_grad():
+        out = enc(**ids, output_hidden_states=True)
+        got = model.embed(ids)
+    cls = out.last_hidden_state[:, 0]
+    m = ids["attention_mask"].unsqueeze(-1).float()
+    first_last = ((out.hidden_states[1] + out.hidden_states[-1]) / 2 * m).sum(1) / m.sum(1)
+    want = {("cls_before_pooler", True): None, ("cls", True): None,
+            ("cls_before_pooler", False): cls, ("avg_first_last", True): first_last}[(pooler, mlp)]
+    if want is None:
+        assert model.mlp is not None and torch.allclose(got, model.mlp(cls), atol=1e-6)
+    else:
+        assert model.mlp is None and torch.allclose(got, want, atol=1e-5)
+        assert not any("mlp" in k for k in model.state_dict())
+
+
+@pytest.mark.parametrize("flags,pooler", [(["--no_mlp"], "cls_before_pooler"),
+                                          (["--pooler", "avg_first_last"], "avg_first_last")])
+def test_table6_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, flags, pooler):
+    from transformers import AutoModel, AutoTokenizer
+    res = _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2", *flags)
+    best = tmp_path / "run" / "best"
+    assert json.loads((best / "test_metrics.json").read_text())["pooler"] == pooler
+    enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
+    again = common.evaluate_sts(common.make_encode(enc, tok, pooler), small_sts, tasks=["STSBenchmark"],
+                                split="dev")
+    assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
+
+
+def test_no_mlp_with_the_cls_pooler_is_refused(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir):
+    with pytest.raises(common.UserError, match="--no_mlp with --pooler cls"):
+        _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--no_mlp", "--pooler", "cls")
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wiki_head, sts_dir,
                                                          cache_dir, monkeypatch):
     full = tmp_path / "full"
