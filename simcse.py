@@ -13,7 +13,7 @@ Run:
   python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
   python simcse.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
       --sts_dir ../shared/data/sts --output_dir runs/minilm   # the small real testbed (README)
-  python simcse.py bench                             # time the training step (GPU: bf16, CUDA graph)
+  python tools/bench.py --method simcse              # time the training step (GPU: bf16, CUDA graphs)
 The paper's ablation rows, one flag each (README.md maps every row to its command):
   python simcse.py --tau 0.01                        # Tab. D.1: the temperature (0.001 ... 1)
   python simcse.py --pooler cls                      # Tab. 6 "w/ MLP": the MLP kept for evaluation
@@ -147,9 +147,9 @@ class SimCSE(nn.Module):
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:                    # time this step: python simcse.py bench --help
-        return common.bench(argv[1:], lambda enc: SimCSE(enc, 0.05, supervised=False),
-                            "python simcse.py bench")
+    if argv[:1] == ["bench"]:
+        raise common.UserError("`python simcse.py bench` moved: run `python tools/bench.py --method simcse` "
+                               "(--help for its flags).")
     args = common.parse_args(Args, argv, csv_defaults=SUP_DEFAULTS, description=__doc__)
     device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}

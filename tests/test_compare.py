@@ -1,4 +1,4 @@
-"""`python common.py compare`: fabricated run folders (fast), the --baseline row with the tiny
+"""`python tools/compare.py`: fabricated run folders (fast), the --baseline row with the tiny
 BERT, and one real tiny run compared end to end."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 import common
 from conftest import ROOT
+from tools import compare as tool
 
 TASKS = common.STS_TASKS
 SIMCSE_ARGS = {"data": "data/wiki1m_for_simcse.txt", "model": "bert-base-uncased", "output_dir": "runs/x",
@@ -48,13 +49,13 @@ def make_run(folder: Path, args: dict | None, scores: list[float] | None, script
 
 
 def compare(argv: list[str]) -> None:
-    common.cli(["compare", *map(str, argv)])
+    tool.main([*map(str, argv)])
 
 
 def error_of(argv: list[str], capsys) -> str:
-    """What `python common.py compare ...` prints on stderr, checking it ends with exit status 2."""
+    """What `python tools/compare.py ...` prints on stderr, checking it ends with exit status 2."""
     with pytest.raises(SystemExit) as e:
-        common.run_main(common.cli, ["compare", *map(str, argv)])
+        common.run_main(tool.main, [*map(str, argv)])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
@@ -81,8 +82,8 @@ def runs(tmp_path):
 # ------------------------------------------------------------------------ grouping, numbers
 
 def test_seeds_form_one_row_with_mean_and_sample_std(runs):
-    groups = common.group_runs([common.read_run(runs[k]) for k in ("s1", "tau", "s2", "s3")])
-    table = common.compare_table(groups)
+    groups = tool.group_runs([tool.read_run(runs[k]) for k in ("s1", "tau", "s2", "s3")])
+    table = tool.compare_table(groups)
     assert table["tasks"] == TASKS
     rows = table["rows"]
     assert [r["n"] for r in rows] == [3, 1]               # cache_dir, log_every, resume ignored
@@ -95,13 +96,13 @@ def test_seeds_form_one_row_with_mean_and_sample_std(runs):
     assert rows[0]["mean"]["avg"] == pytest.approx(np.mean([60, 70, 65, 75, 72, 74, 68]) + shifts.mean())
     assert rows[0]["std"]["avg"] == pytest.approx(np.std(shifts, ddof=1))
     assert rows[1]["mean"]["SICKRelatedness"] == pytest.approx(67.0) and rows[1]["std"]["avg"] is None
-    text = common.format_compare(table)
+    text = tool.format_compare(table)
     assert "61.17 ± 1.26" in text and " 67.00 " in text + " "
     assert "mean ± sample std (ddof=1)" in text
 
 
 def test_labels_name_script_distinguishing_flags_and_pooler(runs):
-    groups = common.group_runs([common.read_run(runs[k]) for k in ("s1", "s2", "tau", "focal", "nomod")])
+    groups = tool.group_runs([tool.read_run(runs[k]) for k in ("s1", "s2", "tau", "focal", "nomod")])
     labels = [g["label"] for g in groups]
     # tau differs between groups, modulate between the two Focal runs; m (same wherever it is)
     # and the ignored seed / output_dir are not named
@@ -109,7 +110,7 @@ def test_labels_name_script_distinguishing_flags_and_pooler(runs):
                       "simcse.py tau=0.1 [cls_before_pooler]",
                       "focal_infonce.py modulate=True tau=0.07 [cls_before_pooler]",
                       "focal_infonce.py modulate=False tau=0.07 [cls_before_pooler]"]
-    text = common.format_compare(common.compare_table(groups))
+    text = tool.format_compare(tool.compare_table(groups))
     lines = text.splitlines()
     assert lines[1].startswith("simcse.py tau=0.05 [cls_before_pooler]") and lines[1].split()[3] == "2"
 
@@ -118,7 +119,7 @@ def test_paths_in_labels_are_shortened_to_what_tells_them_apart(tmp_path):
     a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "model": "../shared/models/all-MiniLM-L6-v2",
                                   "data": "x/one/train.txt"}, [70.0] * 7)
     b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "data": "x/two/train.txt"}, [70.0] * 7, pooler="avg")
-    labels = [g["label"] for g in common.group_runs([common.read_run(a), common.read_run(b)])]
+    labels = [g["label"] for g in tool.group_runs([tool.read_run(a), tool.read_run(b)])]
     assert labels == ["simcse.py data=one/train.txt model=all-MiniLM-L6-v2 [cls_before_pooler]",
                       "simcse.py data=two/train.txt model=bert-base-uncased [avg]"]
 
@@ -130,10 +131,10 @@ def test_runs_from_before_scripts_and_poolers_were_recorded(tmp_path):
     old2 = make_run(tmp_path / "old-s2", {**SIMCSE_ARGS, "seed": 2}, [72.0] * 7, script=None, pooler=None)
     ifcl = {k: v for k, v in SIMCSE_ARGS.items() if k != "pooler"} | {"lam": 0.002}
     old3 = make_run(tmp_path / "ifcl-old", ifcl, [71.0] * 7, script=None, pooler=None)
-    groups = common.group_runs([common.read_run(p) for p in (old1, old2, old3)])
+    groups = tool.group_runs([tool.read_run(p) for p in (old1, old2, old3)])
     assert [g["label"] for g in groups] == [f"{tmp_path}/old-s [cls_before_pooler]",
                                             f"{tmp_path}/ifcl-old [pooler not recorded]"]
-    rows = common.compare_table(groups)["rows"]
+    rows = tool.compare_table(groups)["rows"]
     assert rows[0]["n"] == 2 and rows[0]["std"]["STS13"] == pytest.approx(np.std([70, 72], ddof=1))
 
 
@@ -151,7 +152,7 @@ def test_command_prints_table_and_writes_markdown(runs, tmp_path, capsys):
     assert lines[2].startswith("| simcse.py tau=0.05 [cls_before_pooler] | 2 | 60.50 ± 0.71 | 70.50 ± 0.71 |")
     assert lines[3] == ("| simcse.py tau=0.1 [cls_before_pooler] | 1 | 59.00 | 69.00 | 64.00 | 74.00 | "
                         "71.00 | 73.00 | 67.00 | 68.14 |")
-    assert f"Made with `python common.py compare {runs['s1']} {runs['s2']} {runs['tau']} --markdown {md}`" \
+    assert f"Made with `python tools/compare.py {runs['s1']} {runs['s2']} {runs['tau']} --markdown {md}`" \
         in md.read_text()
 
 
@@ -192,7 +193,7 @@ def test_bad_inputs_name_the_folder_and_what_to_do(runs, tmp_path, capsys):
 
 
 def test_command_line_exit_status_2_without_traceback(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "common.py"), "compare", str(tmp_path)],
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "compare.py"), str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path}: not a run folder")
     assert "Traceback" not in r.stderr and r.stdout == ""
@@ -211,18 +212,18 @@ def test_plot_writes_a_png_of_runs_and_entropy_models(runs, tmp_path, capsys):
     assert f"{entropy}: no final result; its curve is drawn" in err
     assert f"{unfinished}: no final result" in err
     assert len(out.splitlines()) == 3                           # header, the one finished row, note
-    groups = common.group_runs([common.read_run(p, plot=True) for p in (runs["s1"], entropy, unfinished)])
+    groups = tool.group_runs([tool.read_run(p, plot=True) for p in (runs["s1"], entropy, unfinished)])
     assert [g["label"] for g in groups] == ["simcse.py tau=0.05 [cls_before_pooler]",
                                             "focal_infonce.py entropy_phi0.01",
                                             "simcse.py tau=0.2 [cls_before_pooler] (unfinished)"]
-    assert common.dev_curve(entropy) == ([1, 2, 3], [40.0, 41.0, 39.0])
+    assert tool.dev_curve(entropy) == ([1, 2, 3], [40.0, 41.0, 39.0])
 
 
 def test_dev_curve_keeps_stsb_records_and_skips_a_cut_line(tmp_path):
     run = make_run(tmp_path / "r", SIMCSE_ARGS, [70.0] * 7, curve=[(4, 50.0), (2, 45.0)])
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 6, "stsb_d')
-    assert common.dev_curve(run) == ([2, 4], [45.0, 50.0])
+    assert tool.dev_curve(run) == ([2, 4], [45.0, 50.0])
 
 
 def test_plot_without_matplotlib_says_how_to_install_and_writes_nothing(runs, tmp_path, capsys, monkeypatch):
@@ -271,4 +272,4 @@ def test_end_to_end_a_real_tiny_run(tmp_path, tiny_bert, wiki_head, small_sts, c
     assert out[1].split()[:3] == ["simcse.py", "[cls_before_pooler]", "1"]
     assert [float(c) for c in out[1].split()[3:]] == pytest.approx(
         [res[t]["spearman"] for t in TASKS] + [res["avg"]], abs=0.006)
-    assert common.dev_curve(run)[0] == [1, 2] and png.stat().st_size > 0
+    assert tool.dev_curve(run)[0] == [1, 2] and png.stat().st_size > 0

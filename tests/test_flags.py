@@ -17,6 +17,7 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT
+from tools import bench, compare
 
 SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "conisi": conisi, "rcl": rcl}
 
@@ -141,10 +142,14 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
     (ifcl.main, ["translate", "--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
     (ifcl.main, ["translate", "--num_beams", "0"], "--num_beams 0: must be >= 1"),
     (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
-    (common.cli, ["compare", "somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
-    (simcse.main, ["bench", "--steps", "0"], "--steps 0: must be >= 1"),
-    (common.cli, ["bench"], "bench times a script's real step: `python simcse.py bench --help`"),
-], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps", "bench-moved"])
+    (compare.main, ["somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
+    (bench.main, ["--steps", "0"], "--steps 0: must be >= 1"),
+    (common.cli, ["bench"], "`python common.py bench` moved: run `python tools/bench.py --method simcse`"),
+    (simcse.main, ["bench", "--steps", "3"], "`python simcse.py bench` moved: run `python tools/bench.py "
+                                             "--method simcse`"),
+    (common.cli, ["compare", "runs/x"], "`python common.py compare` moved: run `python tools/compare.py RUN"),
+], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps", "bench-moved",
+        "simcse-bench-moved", "compare-moved"])
 def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, argv)

@@ -56,16 +56,16 @@ def _arm(kind: str, name: str | None, n: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     if kind in ("record", "half-record"):
-        real_write = common.MetricsLog.write
+        real_write = common.RunFolder.write
 
         def write(self, record):
-            if self.enabled and due():
+            if self.main and due():
                 line = json.dumps(record) + "\n"
-                with open(self.path, "a") as f:
+                with open(self.log, "a") as f:
                     f.write(line if kind == "record" else line[: len(line) // 2])
                 die()
             real_write(self, record)
-        common.MetricsLog.write = write
+        common.RunFolder.write = write
     elif kind in ("before-replace", "after-replace"):
         real_replace = os.replace
 

@@ -1,15 +1,14 @@
 """The fast path and multi-GPU: the compiled step gives the eager losses, DDP gives the
-one-process loss and gradients, `simcse.py bench` runs."""
+one-process loss and gradients, `python tools/bench.py` runs."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import os
 import socket
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -19,11 +18,12 @@ import torch.multiprocessing as mp
 import common
 import simcse
 from conftest import ROOT, need_shared
+from tools import bench
 
 
 def _tiny_simcse(seed: int = 0, dropout: float = 0.0) -> simcse.SimCSE:
     from transformers import AutoModel
-    cfg = common.config_from("tiny")
+    cfg = bench.config_from("tiny")
     cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout
     torch.manual_seed(seed)
     enc = AutoModel.from_config(cfg, attn_implementation="sdpa")
@@ -41,9 +41,8 @@ def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
 def _losses(compile_, device, steps=4):
     model = _tiny_simcse().to(device)
     params = [p for p in model.parameters()]
-    opt = common.make_optimizer(params, 1e-3, 0.0, torch.device(device))   # as train() builds it
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common.FastStep(model, params, opt, sched, torch.device(device), 1.0, 1, compile_)
+    opt, sched = common.make_optimizer(params, 1e-3, 0.0, 10**9, torch.device(device))   # as train() builds them
+    step = common.make_step(model, params, opt, sched, torch.device(device), 1.0, 1, compile=compile_)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.to(device) for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -54,7 +53,7 @@ def _losses(compile_, device, steps=4):
 def test_compiled_step_gives_the_eager_losses_cpu():
     """The graph-capture path (dynamo + AOT autograd, aot_eager backend on CPU) against eager."""
     eager = _losses(False, "cpu")
-    compiled = _losses("cpu", "cpu")
+    compiled = _losses(True, "cpu")
     assert np.allclose(compiled, eager, rtol=1e-4), (compiled, eager)
     assert eager[-1] < eager[0]     # the steps do train
 
@@ -69,7 +68,7 @@ def test_failed_compilation_falls_back_to_eager(monkeypatch, capsys):
         return run
     eager = _losses(False, "cpu")
     monkeypatch.setattr(torch, "compile", broken_compile)
-    got = _losses("cpu", "cpu")
+    got = _losses(True, "cpu")
     assert got == pytest.approx(eager, rel=1e-6)
     err = capsys.readouterr().err
     assert err.count("the compiled step failed") == 1 and "no C++ compiler found" in err
@@ -105,7 +104,7 @@ def _params_after(fused: bool, max_grad_norm: float, steps: int = 3) -> list[tor
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3, fused=fused, foreach=None if fused else False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common.FastStep(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1, False)
+    step = common.make_step(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1)
     for i in range(steps):
         step(_batch(16, seed=i))
     assert not hasattr(opt, "grad_scale")     # the clip divisor is used by one step only
@@ -126,74 +125,60 @@ def test_clipping_inside_fused_adamw_equals_clip_then_adamw(monkeypatch):
     assert max(float((a - b).abs().max()) for a, b in zip(ref, unclipped)) > 1e-4
 
 
-def _plain_losses(batches) -> list[float]:
+def _plain_losses(batches, fused=False, max_grad_norm=1.0, world_size=1) -> list[float]:
+    """The losses of plain clip_grad_norm_ + AdamW, written out here, on the CPU."""
     model = _tiny_simcse()
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=fused)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
-    step = common.make_step(model, params, opt, sched, torch.device("cpu"), 1.0)
-    return [float(step(b)[0]) for b in batches]
+    out = []
+    for b in batches:
+        loss = model(b)
+        (loss * world_size).backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        out.append(float(loss.detach()))
+    return out
 
 
-@pytest.mark.parametrize("capture_fails", [False, True])
-def test_cuda_graph_sequence_simulated_on_cpu(capture_fails, monkeypatch, capsys):
-    """FastStep's CUDA-graph sequence with CUDA simulated on the CPU: GRAPH_WARMUP steps on the
-    side stream, one capture, then replays that read each new batch from the captured buffers,
-    an uncaptured step for a batch of another shape, the schedule stepped every call; the
-    losses are make_step's. A simulated capture runs the work but puts the weights, AdamW's
-    state and the gradients back (a real one records kernels without running them); a replay
-    runs the captured work on the captured buffers and writes its outputs where the capture
-    left them. If the capture fails, one note, and the same losses uncaptured."""
-    batches = [_batch(16, seed=i) for i in range(6)] + [_batch(16, width=10, seed=6)]
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_cuda_path_simulated_on_cpu(world_size, monkeypatch):
+    """The fast path's wiring with CUDA simulated on the CPU: on one GPU the step is compiled
+    with torch.compile's CUDA graphs (mode "reduce-overhead") and marks each step's start, so
+    that a replay may overwrite the last step's outputs, which the step has copied; under DDP
+    it is compiled without graphs. The clipping goes through the fused AdamW's grad_scale, and
+    the losses are the eager step's."""
+    batches = [_batch(16, seed=i) for i in range(4)]
+    seen, marks = [], []
+
+    def fake_compile(model, mode=None, backend=None):
+        seen.append((mode, backend))
+        return model                                     # the compiled model computes the same
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     model = _tiny_simcse()
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)   # as make_optimizer builds it on CUDA
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
-    step = common.FastStep(model, params, opt, sched, torch.device("cpu"), 1.0, 1, compile_=False, graph=True)
-    events = []
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
-    class Graph:
-        def replay(self):
-            events.append("replay")
-            opt.zero_grad(set_to_none=True)          # the captured backward writes fresh gradients
-            loss, stats = step._forward_backward(step.static)
-            step._clip_and_update()
-            with torch.no_grad():
-                step.graph_out[0].copy_(loss)
-
-    @contextlib.contextmanager
-    def capture(graph):
-        events.append("capture")
-        if capture_fails:
-            raise RuntimeError("operation not permitted when stream is capturing\ndetail")
-        saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
-        yield
-        model.load_state_dict(saved[0])
-        opt.load_state_dict(saved[1])
-        opt.zero_grad(set_to_none=True)
-
-    @contextlib.contextmanager
-    def on_stream(stream):
-        events.append("side stream")
-        yield
-
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", on_stream)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", capture)
-    got = [float(step(b)[0]) for b in batches]
-    assert got == pytest.approx(_plain_losses(batches), rel=1e-5)
+    scales = []
+    real_step = opt.step
+    opt.step = lambda: (scales.append(float(opt.grad_scale)), real_step())[1]
+    step = common.make_step(model, params, opt, sched, torch.device("cuda"), 0.5, world_size, compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # CUDA autocast asked for on a CPU machine
+        got = [step(b) for b in batches]
+    assert seen == [("reduce-overhead" if world_size == 1 else None, "inductor")]
+    assert len(marks) == (len(batches) if world_size == 1 else 0)
+    assert len(scales) == len(batches) and all(s >= 1 for s in scales) and max(scales) > 1   # clipped
+    assert not hasattr(opt, "grad_scale")                # one step's divisor only
     assert sched.last_epoch == len(batches)
-    warm = ["side stream"] * common.GRAPH_WARMUP
-    assert events == warm + ["capture"] + ([] if capture_fails else ["replay"] * 4)
-    err = capsys.readouterr().err
-    assert err.count("capturing the step in a CUDA graph failed") == int(capture_fails)
-    assert "detail" not in err
+    want = _plain_losses(batches, fused=True, max_grad_norm=0.5, world_size=world_size)
+    assert [float(l) for l, _ in got] == pytest.approx(want, rel=1e-5)
+    loss = got[0][0]
+    assert loss.requires_grad is False and loss.dtype == torch.float32
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -207,26 +192,22 @@ def test_compiled_bf16_step_matches_fp32_eager_cuda():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_cuda_graph_replay_reads_the_batch_the_lr_and_fresh_dropout(dropout, monkeypatch, capsys):
-    """After GRAPH_WARMUP steps every step is one replay of the captured graph. With the lr
-    scheduled to 0 the weights stay put (the schedule reaches the replay), so two replays of
-    one batch differ by dropout alone: equal without dropout, different with it; a new batch
-    gives a new loss (the replay reads the batch buffers)."""
-    replays = []
-    real = torch.cuda.CUDAGraph.replay
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), real(self))[1])
+def test_cuda_graphs_read_the_batch_the_lr_and_fresh_dropout(dropout, capsys):
+    """On the GPU, once the compiled step runs from its CUDA graphs (after the warm-up calls):
+    with the lr scheduled to 0 the weights stay put (the schedule reaches the step), so two
+    steps on one batch differ by dropout alone: equal without dropout, different with it; a
+    new batch gives a new loss (the graphs read each new batch)."""
     cuda = torch.device("cuda")
     model = _tiny_simcse(dropout=dropout).cuda()
     params = list(model.parameters())
-    opt = common.make_optimizer(params, 1e-3, 0.0, cuda)
+    opt, _ = common.make_optimizer(params, 1e-3, 0.0, 10, cuda)
     factor = [1.0]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor[0])
-    step = common.FastStep(model, params, opt, sched, cuda, 1.0, 1, True)
+    step = common.make_step(model, params, opt, sched, cuda, 1.0, 1, compile=True)
     b0, b1 = ({k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
               for i in (0, 1))
-    for _ in range(common.GRAPH_WARMUP + 1):
+    for _ in range(4):                                 # compile, warm up, record the graphs
         step(b0)
-    assert len(replays) == 1
     w0 = [p.detach().clone() for p in params]
     factor[0] = 0.0
     step(b0)                                           # still at lr 1e-3; the schedule then says 0
@@ -236,7 +217,6 @@ def test_cuda_graph_replay_reads_the_batch_the_lr_and_fresh_dropout(dropout, mon
     assert all(torch.equal(p, q) for p, q in zip(params, w1))
     assert (la != lb) == (dropout > 0)
     assert lc != la
-    assert len(replays) == 5
     assert "failed" not in capsys.readouterr().err
 
 
@@ -305,7 +285,7 @@ def test_gather_is_identity_in_one_process():
 
 def test_bench_runs_on_cpu(tmp_path):
     trace = tmp_path / "prof" / "trace.json"
-    r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "bench", "--config", "tiny",
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--config", "tiny",
                         "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1",
                         "--profile", str(trace)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -314,10 +294,31 @@ def test_bench_runs_on_cpu(tmp_path):
     assert json.loads(trace.read_text())["traceEvents"]
 
 
+@pytest.mark.parametrize("method", bench.METHODS)
+def test_bench_times_every_methods_step(method, capsys):
+    """Any method's step: its model over a random encoder, its columns, one timed step."""
+    bench.main(["--method", method, "--config", "tiny", "--batch_size", "4", "--max_len", "8",
+                "--steps", "1", "--warmup", "1", "--no-baseline"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{method} on tiny") and "project step" in out and "ms/step" in out
+
+
+def test_bench_builds_a_float16_config_in_float32(tmp_path, capsys):
+    """Hub models often ship a float16 config (all-MiniLM-L6-v2 does): the bench builds fp32
+    weights all the same (bf16 comes from autocast on a GPU), so the CPU can run it."""
+    cfg = bench.config_from("tiny")
+    cfg.dtype = "float16"
+    cfg.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float16"
+    bench.main(["--config", str(tmp_path / "config.json"), "--batch_size", "4", "--max_len", "8",
+                "--steps", "1", "--warmup", "0"])
+    assert "speed-up over the plain fp32 eager step" in capsys.readouterr().out
+
+
 def test_flops_formula_bert_base():
     """Issue 7's definition on bert-base: 2 x non-embedding weights + 4 x layers x L x d."""
-    cfg = common.config_from("bert-base-uncased")
-    f = common.forward_flops_per_token(cfg, 32)
+    cfg = bench.config_from("bert-base-uncased")
+    f = bench.forward_flops_per_token(cfg, 32)
     # 12 layers x 7,087,872 weights; embeddings and the pooler (one token a sentence) not counted
     assert f == 2 * 85_054_464 + 4 * 12 * 32 * 768
 
@@ -377,7 +378,7 @@ def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        step = common.FastStep(model, params, opt, sched, cpu, 1.0, 1, "cpu")
+        step = common.make_step(model, params, opt, sched, cpu, 1.0, 1, compile=True)
         with torch._dynamo.config.patch(error_on_recompile=True):
             for b in batches:
                 step(b)

@@ -1,0 +1,299 @@
+"""Finished runs side by side: the 7 STS tasks and their average, one row a configuration.
+
+    python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
+    python tools/compare.py runs/tb/simcse-s* --baseline ../shared/models/all-MiniLM-L6-v2 \
+        --pooler cls_before_pooler --sts_dir ../shared/data/sts
+
+Runs whose args.json agree on everything but --seed and --output_dir (and --resume,
+--cache_dir, --log_every, which change no result) form one row: mean ± sample std over its n
+seeds. A row is labelled with the script that made it (run.json), the flags that tell it apart
+from the other rows, and in brackets the pooler of its final evaluation. --baseline adds the
+untrained encoder's row; --plot draws every run's STS-B dev curve (an unfinished run or RCL's
+entropy_phi*/ folders too, though they have no row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/compare.py` from anywhere
+import common  # noqa: E402
+from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
+
+# NOTE(ours): fields that cannot change a run's numbers; runs that differ only in these (and
+# in seed, output_dir) are seeds of one configuration
+IGNORED = ("seed", "output_dir", "resume", "cache_dir", "log_every")
+SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
+NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
+        "evaluation; n seeds: mean ± sample std (ddof=1).")
+
+
+@dataclass
+class Args:
+    runs: list[str] = arg([], "run folders (a training script's --output_dir)", positional=True)
+    baseline: str = arg("", "also evaluate this untrained encoder (hub name or folder), as the first row")
+    pooler: str = arg("cls_before_pooler", "pooler of the --baseline row", "SimCSE official code",
+                      choices=POOLERS)
+    sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
+    batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation", ge=1)
+    markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
+    plot: str = arg("", "draw each run's STS-B dev curve over the steps into this image (.png, .pdf "
+                    "or .svg; needs matplotlib)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise UserError(f"{path}: not readable JSON ({e}). Was the file cut short or edited by hand?")
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: expected a JSON object.")
+    return obj
+
+
+def result_tasks(res: dict) -> list[str]:
+    """The tasks of an evaluate_sts result, the 7 STS tasks first, in their order."""
+    got = [k for k, v in res.items() if isinstance(v, dict) and "spearman" in v]
+    return [t for t in STS_TASKS if t in got] + sorted(t for t in got if t not in STS_TASKS)
+
+
+def read_run(folder: str | Path, plot: bool = False) -> dict:
+    """One folder: {"path", "args" (args.json or None), "script", "test" (the 7-task result, or
+    None: drawn only), "pooler"}. Anything else is a UserError that names it and what to do."""
+    p = Path(folder)
+    args_f, test_f, log_f = p / "args.json", p / "best" / "test_metrics.json", p / "metrics.jsonl"
+    if not p.is_dir():
+        raise UserError(f"{p}: no such folder. Pass the --output_dir of a training run.")
+    if p.name == "best" and (p.parent / "args.json").is_file():
+        raise UserError(f"{p}: this is a run's checkpoint folder; pass the run folder {p.parent} instead.")
+    if not args_f.is_file() and not log_f.is_file():
+        raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it). Pass the "
+                        f"--output_dir of a training run.")
+    finished = args_f.is_file() and test_f.is_file()
+    if not finished and not plot and not args_f.is_file():
+        raise UserError(f"{p}: no args.json, so not the --output_dir of a run (RCL's entropy_phi*/ "
+                        f"folders are part of one). Its STS-B dev curve can be drawn with --plot FILE.png.")
+    if not finished and not plot:
+        raise UserError(f"{p}: unfinished run: no best/test_metrics.json, which a run writes when it "
+                        f"ends (this one is still going, was interrupted, or stopped on a NaN loss). "
+                        f"Finish it with its command plus --resume, or leave it out (--plot still draws it).")
+    if not finished and not log_f.is_file():
+        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. Leave it out.")
+    run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
+           "script": _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None}
+    if finished:
+        run["test"] = _read_json(test_f)
+        if not result_tasks(run["test"]) or not isinstance(run["test"].get("avg"), (int, float)):
+            raise UserError(f"{test_f}: no STS task results and average in it. Is it the file a run wrote?")
+    # NOTE(ours): runs from before the pooler was recorded: every script that has a --pooler
+    # flag evaluates with it; the others (ifcl.py, conisi.py) stay unknown
+    run["pooler"] = (run["test"] or {}).get("pooler") or (run["args"] or {}).get("pooler")
+    return run
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else ",".join(map(_fmt, v)) if isinstance(v, list) else str(v)
+
+
+def _short_paths(values: list[str]) -> dict[str, str]:
+    """The fewest trailing path parts that still tell the values apart (model and data paths)."""
+    uniq = sorted(set(values))
+    for n in range(1, max(len(Path(v).parts) for v in uniq) + 1):
+        short = {v: "/".join(Path(v).parts[-n:]) for v in uniq}
+        if len(set(short.values())) == len(uniq):
+            return short
+    return {v: v for v in uniq}
+
+
+def group_runs(runs: list[dict]) -> list[dict]:
+    """Runs with the same script, pooler and args.json but for IGNORED form one group, in the
+    order first given: {"runs", "label", "finished"}. A label names the script (or, for a run
+    from before scripts were recorded, its folder), the flags whose values differ between
+    groups, and the pooler of the final evaluation."""
+    groups: dict[Any, dict] = {}
+    for r in runs:
+        key = (("folder", str(r["path"])) if r["args"] is None else   # drawn only: a group of its own
+               (r["test"] is not None, r["script"], r["pooler"],
+                json.dumps({k: v for k, v in r["args"].items() if k not in IGNORED}, sort_keys=True, default=str)))
+        groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
+    out = list(groups.values())
+    firsts = [g["runs"][0]["args"] for g in out if g["runs"][0]["args"] is not None]
+    differing = {}   # the flags that tell groups apart: a value not the same in every group that has it
+    for k in sorted({k for a in firsts for k in a} - set(IGNORED) - {"pooler"}):
+        strs = [_fmt(a[k]) for a in firsts if k in a]
+        if len({json.dumps(a[k], sort_keys=True, default=str) for a in firsts if k in a}) > 1:
+            differing[k] = _short_paths(strs) if any("/" in s for s in strs) else {s: s for s in strs}
+    for g in out:
+        first = g["runs"][0]
+        if first["args"] is None:
+            parent = first["path"].parent
+            script = _read_json(parent / "run.json").get("script") if (parent / "run.json").is_file() else None
+            g["label"] = f"{script or parent.name} {first['path'].name}"
+            continue
+        names = [str(r["path"]) for r in g["runs"]]
+        head = first["script"] or (os.path.commonprefix(names).rstrip("-_./") or names[0])
+        flags = [f"{k}={differing[k][_fmt(first['args'][k])]}" for k in differing if k in first["args"]]
+        g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]"]) \
+            + ("" if g["finished"] else " (unfinished)")
+    return out
+
+
+def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) -> dict:
+    """{"tasks", "rows": [{"label", "n", "runs", "mean": {task: x}, "std": {task: x or None}}]}:
+    a group's mean over its seeds of each task and of the average, with the sample std (ddof=1)
+    from two seeds on. Every run must hold the same tasks."""
+    finished, tasks, first = [g for g in groups if g["finished"]], None, None
+    for r in (r for g in finished for r in g["runs"]):
+        t = result_tasks(r["test"])
+        if tasks is None:
+            tasks, first = t, r["path"]
+        elif t != tasks:
+            raise UserError(f"{r['path']}: its best/test_metrics.json holds {', '.join(t)}, but {first}'s "
+                            f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in separate "
+                            f"commands), or re-evaluate one with `python common.py eval --model "
+                            f"{r['path']}/best --output ...`.")
+    tasks = tasks or (result_tasks(baseline[1]) if baseline else list(STS_TASKS))
+    rows = []
+    if baseline:
+        rows.append({"label": baseline[0], "n": None, "runs": [], "std": {t: None for t in tasks + ["avg"]},
+                     "mean": {**{t: baseline[1][t]["spearman"] for t in tasks}, "avg": baseline[1]["avg"]}})
+    for g in finished:
+        per_run = np.array([[r["test"][t]["spearman"] for t in tasks] + [r["test"]["avg"]]
+                            for r in g["runs"]], dtype=np.float64)            # (n, tasks + 1)
+        std = per_run.std(0, ddof=1).tolist() if len(per_run) >= 2 else [None] * per_run.shape[1]
+        rows.append({"label": g["label"], "n": len(per_run), "runs": [r["path"] for r in g["runs"]],
+                     "mean": dict(zip(tasks + ["avg"], per_run.mean(0).tolist())),
+                     "std": dict(zip(tasks + ["avg"], std))})
+    return {"tasks": tasks, "rows": rows}
+
+
+def _cells(table: dict) -> tuple[list[str], list[list[str]]]:
+    """Column names, and one list of cells a row: 'mean' or 'mean ± std'."""
+    cells = [[f"{r['mean'][t]:.2f}" + ("" if r["std"][t] is None else f" ± {r['std'][t]:.2f}")
+              for t in table["tasks"] + ["avg"]] for r in table["rows"]]
+    return [SHORT.get(t, t) for t in table["tasks"]] + ["Avg."], cells
+
+
+def format_compare(table: dict) -> str:
+    """The table as plain text, one row a group."""
+    cols, cells = _cells(table)
+    lw = max([3] + [len(r["label"]) for r in table["rows"]])
+    cw = max([len(c) for c in cols] + [len(c) for row in cells for c in row]) + 2
+    lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
+    lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}" + "".join(f"{c:>{cw}s}" for c in row)
+              for r, row in zip(table["rows"], cells)]
+    return "\n".join(lines + [NOTE])
+
+
+def format_markdown(table: dict, command: str) -> str:
+    """The table as Markdown, with the command that made it."""
+    cols, cells = _cells(table)
+    lines = ["| " + " | ".join(["run", "n"] + cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    lines += ["| " + " | ".join([r["label"].replace("|", "\\|"), "-" if r["n"] is None else str(r["n"])] + row)
+              + " |" for r, row in zip(table["rows"], cells)]
+    return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
+
+
+def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
+    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+    by_step, path = {}, folder / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(line)
+            if "stsb_dev" in rec:
+                by_step[int(rec["step"])] = float(rec["stsb_dev"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by an interruption
+    return sorted(by_step), [by_step[s] for s in sorted(by_step)]
+
+
+def _pyplot():
+    """matplotlib's pyplot (no display needed), or a UserError that says how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib, which is not installed: `pip install matplotlib` "
+                        "(nothing else in this project needs it), or leave out --plot.")
+    return plt
+
+
+def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
+    """Each run's STS-B dev curve over the steps, one colour a group (every seed drawn: the
+    spread shows), labelled as the table labels its rows."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, g in enumerate(groups):
+        for j, r in enumerate(g["runs"]):
+            ax.plot(*dev_curve(r["path"]), marker="o", markersize=3, color=f"C{i % 10}",
+                    alpha=1.0 if len(g["runs"]) == 1 else 0.7,
+                    label=f"{g['label']}, n={len(g['runs'])}" if j == 0 else None)
+    ax.set(xlabel="step", ylabel="STS-B dev (Spearman x100)", title="STS-B dev over training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else [str(x) for x in argv]
+    a = common.parse_args(Args, argv, description=__doc__, prog="python tools/compare.py")
+    if not a.runs:
+        raise UserError("give at least one run folder, e.g. `python tools/compare.py runs/simcse "
+                        "runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
+    if a.pooler != "cls_before_pooler" and not a.baseline:
+        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop --pooler.")
+    if a.plot and Path(a.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UserError(f"--plot {a.plot}: give a file name ending in .png, .pdf or .svg.")
+    seen = set()
+    for f in a.runs:
+        if Path(f).resolve() in seen:
+            raise UserError(f"{f}: given twice. Give each run folder once.")
+        seen.add(Path(f).resolve())
+    # everything is read and checked before anything is written or printed
+    runs = [read_run(f, plot=bool(a.plot)) for f in a.runs]
+    groups = group_runs(runs)
+    table = compare_table(groups) if any(g["finished"] for g in groups) else None
+    if a.markdown and table is None:
+        raise UserError(f"--markdown {a.markdown}: none of the runs has finished: there is no table to write.")
+    if a.plot:
+        _pyplot()   # a missing matplotlib is said now, not after the table is out
+        for r in runs:
+            if r["test"] is None:
+                print(f"note: {r['path']}: no final result; its curve is drawn, it is not in the table",
+                      file=sys.stderr)
+            if not dev_curve(r["path"])[0]:
+                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve", file=sys.stderr)
+    if a.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
+        tasks = table["tasks"] if table else None
+        res = common.evaluate_encoder(a.baseline, a.pooler, a.sts_dir, tasks, "test", a.batch_size)
+        table = compare_table(groups, (f"{Path(a.baseline).name or a.baseline} untrained [{a.pooler}]", res))
+    if table is not None:
+        print(format_compare(table))
+        for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
+            seeds = [r["args"].get("seed") for r in g["runs"]]
+            print(f"  {g['label']}: " + ", ".join(f"{r['path']} (seed {s})" for r, s in zip(g["runs"], seeds))
+                  + ("  NOTE: the same seed twice" if len(set(seeds)) < len(seeds) else ""), file=sys.stderr)
+        if a.markdown:
+            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+            command = " ".join(["python tools/compare.py"] + [shlex.quote(x) for x in argv])
+            Path(a.markdown).write_text(format_markdown(table, command), encoding="utf-8")
+            print(f"Markdown table: {a.markdown}", file=sys.stderr)
+    if a.plot:
+        plot_dev_curves(groups, a.plot)
+        print(f"STS-B dev curves: {a.plot}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    common.run_main(main)
