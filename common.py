@@ -164,22 +164,14 @@ class TrainArgs:
         Args overrides this. Each error names the flag and what to pass instead."""
 
 
-def _flag_type(f: dataclasses.Field) -> tuple[type, bool]:
-    """(element type, is_list) for a dataclass field; annotations are strings here."""
-    t = str(f.type).replace("typing.", "").replace(" ", "")
-    is_list = t.startswith("list[")
-    inner = t[5:-1] if is_list else t
-    inner = inner.replace("|None", "").replace("None|", "")
-    return {"int": int, "float": float, "str": str, "bool": bool}.get(inner, str), is_list
-
-
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
     """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
     p = argparse.ArgumentParser(description=description, prog=prog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
-        typ, is_list = _flag_type(f)
-        default = field_default(f)
+        t = str(f.type).replace(" ", "")                 # annotations are strings here: "list[float]"
+        is_list, default = t.startswith("list["), field_default(f)
+        typ = {"int": int, "float": float, "bool": bool}.get(t[5:-1] if is_list else t, str)
         # the real default in --help; SUPPRESS tells parse_args which flags were given
         source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{f.metadata.get('help', '')} "
@@ -960,8 +952,7 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a small file through a temporary name: a kill leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -974,16 +965,14 @@ LOCK = "run.lock"
 def hold_run_folder(folder: str | Path) -> None:
     """Take `folder` for this process: an OS lock (flock) on <folder>/run.lock, which the system
     drops when the process ends, however it ends (kill -9 and a crash included), so a dead
-    run leaves nothing that blocks its --resume. A second process stops here with a UserError
-    that names the folder and the process holding it, before it writes anything else. Taking a
-    folder this process already holds is a no-op. NOTE(ours): where there is no fcntl
-    (Windows), folders are not locked."""
-    folder = Path(folder)
-    key = str(folder.resolve())
+    run leaves nothing that blocks its --resume. A second process stops here, before it writes
+    anything else, with a UserError that names the folder and the process holding it. A no-op
+    for a folder this process holds. NOTE(ours): where there is no fcntl (Windows), no lock."""
+    key = str(Path(folder).resolve())
     if key in _HELD or fcntl is None:
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    f = open(folder / LOCK, "a+")          # "a+": a process that loses must not erase the holder's line
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    f = open(Path(folder) / LOCK, "a+")    # "a+": a process that loses must not erase the holder's line
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -993,8 +982,7 @@ def hold_run_folder(folder: str | Path) -> None:
         raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
                         f"in a run folder: wait for that one to end (or stop it), then continue the "
                         f"run with --resume; or choose another --output_dir.")
-    f.seek(0)
-    f.truncate()
+    f.truncate(0)
     f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
     f.flush()
     _HELD[key] = f
@@ -1003,11 +991,9 @@ def hold_run_folder(folder: str | Path) -> None:
 def release_run_folders(*folders: str | Path) -> None:
     """Let go of the given run folders (all, with none given) before the process ends: for a
     process that trains several runs one after the other (the tests)."""
-    keys = [str(Path(f).resolve()) for f in folders] if folders else list(_HELD)
-    for k in keys:
-        f = _HELD.pop(k, None)
-        if f is not None:
-            f.close()                      # closing the file drops its flock
+    for k in [str(Path(f).resolve()) for f in folders] if folders else list(_HELD):
+        if k in _HELD:
+            _HELD.pop(k).close()           # closing the file drops its flock
 
 
 def recover_dir(final: Path) -> Path:
@@ -1023,57 +1009,47 @@ def recover_dir(final: Path) -> Path:
 
 def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
                         mlp: nn.Module | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Save an encoder so that both AutoModel.from_pretrained(path) and SentenceTransformer(path)
-    load it with no conversion. With the `cls` pooler the MLP goes into BERT's own pooler
-    weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and into a
-    sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
-    path = Path(path)
-    tmp, commit = _atomic_dir(path)
-    model = encoder
+    """Save an encoder (atomically) so that both AutoModel.from_pretrained(path) and
+    SentenceTransformer(path) load it with no conversion. With the `cls` pooler the MLP goes
+    into BERT's own pooler weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and
+    into a sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
+    tmp, commit = _atomic_dir(Path(path))
+
+    def dump(name: str, obj) -> None:
+        (tmp / name).parent.mkdir(exist_ok=True)
+        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
+
     if pooler == "cls":
         if mlp is None:
             raise ValueError("pooler 'cls' is saved with its MLP")
-        pooler_mod = getattr(model, "pooler", None)
-        if pooler_mod is not None and hasattr(pooler_mod, "dense"):
-            pooler_mod.dense.load_state_dict(mlp.dense.state_dict())
-    model.save_pretrained(tmp, safe_serialization=True)
+        if hasattr(getattr(encoder, "pooler", None), "dense"):
+            encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
+    encoder.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    if pooler not in ST_POOLING:
-        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with "
-              f"AutoModel only", file=sys.stderr)
+    d, st = encoder.config.hidden_size, ST_POOLING.get(pooler)
+    if st is None:
+        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
+              file=sys.stderr)
     else:
-        d = model.config.hidden_size
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-        (tmp / "1_Pooling").mkdir()
-        (tmp / "1_Pooling" / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": d,
-            "pooling_mode_cls_token": ST_POOLING[pooler] == "cls",
-            "pooling_mode_mean_tokens": ST_POOLING[pooler] == "mean",
-            "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
-            "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False,
-            "include_prompt": True}, indent=2))
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")] + ([("2_Dense", "Dense")] if pooler == "cls" else [])
+        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "pooling_mode_cls_token": st == "cls",
+                                       "pooling_mode_mean_tokens": st == "mean", **dict.fromkeys(
+                                           ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                                            "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"], False),
+                                       "include_prompt": True})
         if pooler == "cls":
             from safetensors.torch import save_file
-            dense = mlp.dense
-            (tmp / "2_Dense").mkdir()
-            (tmp / "2_Dense" / "config.json").write_text(json.dumps({
-                "in_features": d, "out_features": d, "bias": True,
-                "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
-            save_file({"linear.weight": dense.weight.detach().float().cpu().contiguous(),
-                       "linear.bias": dense.bias.detach().float().cpu().contiguous()},
+            dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
+                                         "activation_function": "torch.nn.modules.activation.Tanh"})
+            save_file({f"linear.{k}": v.detach().float().cpu().contiguous() for k, v in mlp.dense.state_dict().items()},
                       str(tmp / "2_Dense" / "model.safetensors"))
-            modules.append({"idx": 2, "name": "2", "path": "2_Dense",
-                            "type": "sentence_transformers.models.Dense"})
-        (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
-        (tmp / "sentence_bert_config.json").write_text(json.dumps(
-            {"max_seq_length": max_positions(model.config, tokenizer),
-             "do_lower_case": False}, indent=2))
+        dump("modules.json", [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
+                              for i, (p, t) in enumerate(modules)])
+        dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
+                                           "do_lower_case": False})
     for name, obj in (extra or {}).items():
-        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
+        dump(name, obj)
     commit()
-
-
 
 
 # =====================================================================================
@@ -1105,15 +1081,13 @@ def attention_kernels():
 
 def make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float = 1.0,
               world_size: int = 1, amp: bool = True, compile: bool = False):
-    """The training step, as every script trains: step(batch) -> (loss, {name: figure}).
-    model(batch) returns the loss, or (loss, {name: 0-dim tensor}) for the log.
-    The fast path (compile=True; train() asks for it on CUDA): torch.compile fuses forward and
-    backward, and in one process its CUDA graphs (mode="reduce-overhead") replay them as a few
-    launches instead of hundreds of kernels from Python; under DDP, whose all-reduce hooks run
-    between the pieces of the backward, the step is compiled but not captured. If compilation
-    fails, one note, and the step runs eagerly. With a fused AdamW the clipping is its
-    grad_scale (the hook GradScaler unscales through: the kernel divides each gradient by it
-    as it reads it), so clipping costs no pass of its own over the gradients."""
+    """The training step, as every script trains: step(batch) -> (loss, {name: figure}); model(batch)
+    returns the loss, or (loss, {name: 0-dim tensor}) for the log. The fast path (compile, as
+    train() asks on CUDA): torch.compile fuses forward and backward, and in one process replays
+    them from CUDA graphs (mode "reduce-overhead"): a few launches instead of hundreds of kernels
+    from Python (under DDP, whose hooks run inside the backward, no graphs). If compiling fails:
+    one note, then eager. A fused AdamW clips through its grad_scale (GradScaler's unscale hook:
+    it divides each gradient as it reads it), so clipping costs no pass of its own."""
     cuda = device.type == "cuda"
     graphs = compile and cuda and world_size == 1
     fwd = [torch.compile(model, mode="reduce-overhead" if graphs else None,
@@ -1167,8 +1141,11 @@ def start(args: TrainArgs) -> torch.device:
     first use); the seed; the run folder, held by this process, with the resolved Args."""
     device = init_distributed()
     args.check()                                    # the flags on their own
-    if world()[0] == 0:
-        ensure_data(args)
+    if world()[0] == 0:                             # the default data, into data/ on first use
+        if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
+            download_sts(DATA_DIR)
+        if not Path(args.data).exists() and Path(args.data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
+            download_file(DATA_DIR, Path(args.data).name)
     barrier()
     # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
     rows = data_rows(args.data)
@@ -1191,16 +1168,6 @@ def start(args: TrainArgs) -> torch.device:
         write_text_atomic(out / "run.json", json.dumps({"script": script}, indent=2))
     barrier()
     return device
-
-
-def ensure_data(args: TrainArgs) -> None:
-    """Download wiki1m, the NLI triplets or the STS data into data/ on first use, when the
-    flag still points at the default place and the file is not there yet."""
-    if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
-        download_sts(DATA_DIR)
-    data = Path(args.data)
-    if not data.exists() and data in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
-        download_file(DATA_DIR, data.name)
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
@@ -1235,16 +1202,15 @@ def seed_everything(seed: int) -> None:
 
 
 class Meter:
-    """The log's running figures on the device (read once a log line, the only wait): the sum
-    of the losses and the extra terms since the last log line, and since should_stop's last
-    call; whether any loss was NaN or infinite."""
+    """The log's running figures, summed on the device (read once a log line: the only wait):
+    the loss and the extra terms since the last log line, the loss since should_stop's last
+    call, whether any loss was NaN or infinite."""
 
     def __init__(self, device: torch.device, since_check: list | None = None):
-        zero = torch.zeros((), device=device)
-        self.zero, self.bad, self.loss, self.steps, self.stats = zero, zero.bool(), zero, 0, {}
+        self.zero = torch.zeros((), device=device)
+        self.bad, self.loss, self.steps, self.stats, self.t0 = self.zero.bool(), self.zero, 0, {}, time.perf_counter()
         # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
-        self.since_check, self.steps_since_check = zero + (since_check or [0.0])[0], (since_check or [0, 0])[1]
-        self.t0 = time.perf_counter()
+        self.since_check, self.steps_since_check = self.zero + (since_check or [0.0, 0])[0], (since_check or [0, 0])[1]
 
     def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
         self.bad |= ~torch.isfinite(loss)
@@ -1252,11 +1218,11 @@ class Meter:
         self.steps, self.steps_since_check = self.steps + 1, self.steps_since_check + 1
         self.stats = {k: self.stats.get(k, 0) + v for k, v in stats.items()}
 
-    def record(self, step: int, lr: float, epoch: int, sentences: int) -> dict:
+    def record(self, step: int, lr: float, epoch: int, batch_size: int) -> dict:
         """The training record of metrics.jsonl: means since the last one; then starts again."""
         dt = time.perf_counter() - self.t0
         rec = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr, "epoch": epoch,
-               "sent_per_s": sentences * self.steps / dt if dt > 0 else 0.0,
+               "sent_per_s": batch_size * self.steps / dt if dt > 0 else 0.0,
                **{k: float(v) / self.steps for k, v in self.stats.items()}}
         self.loss, self.steps, self.stats, self.t0 = self.zero, 0, {}, time.perf_counter()
         return rec
@@ -1268,14 +1234,18 @@ class Meter:
 
 
 class RunFolder:
-    """What train() writes into --output_dir: metrics.jsonl (one JSON record a line, only ever
+    """What train() keeps in --output_dir: metrics.jsonl (one JSON record a line, only ever
     appended to), last/ (everything --resume needs: the run's one commit point) and best/ (the
-    best encoder by STS-B dev, loadable anywhere). `state`: what last/ keeps ({"model", "opt",
-    "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp) as best/ keeps them."""
+    encoder of the best STS-B dev so far, loadable anywhere). `state`: what last/ keeps
+    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp), as
+    they are evaluated and kept in best/; log_extra() adds figures to each evaluation."""
 
-    def __init__(self, out: Path, args: TrainArgs, state: dict, saved: tuple):
-        self.out, self.args, self.state, self.saved = out, args, state, saved
-        self.log, self.main = out / "metrics.jsonl", world()[0] == 0
+    def __init__(self, args: TrainArgs, out: Path, state: dict, saved: tuple, log_extra: Callable | None):
+        self.args, self.out, self.state, self.saved, self.log_extra = args, out, state, saved, log_extra
+        self.log, self.main, self.encode = out / "metrics.jsonl", world()[0] == 0, make_encode(*saved)
+        self.best, self.best_step, self.last = -float("inf"), 0, None
+        if self.main:
+            hold_run_folder(out)   # start() holds --output_dir already; this is for RCL's entropy models
 
     def write(self, record: dict) -> None:
         if self.main:
@@ -1286,25 +1256,34 @@ class RunFolder:
         save_pretrained_dir(self.out / "best", *self.saved,
                             extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": rec})
 
-    def save(self, rec: dict, improved: bool, loop: dict) -> None:
-        """One evaluation, in the order a kill may interrupt: the record, then last/ with the
-        log's length (a resume cuts the log back to it) and the loop's state (`loop`: step,
-        best, stopped early, ...), then best/ (re-saved on resume if a kill left it behind)."""
+    def evaluate(self, step: int, loop: dict) -> None:
+        """STS-B dev and SICK-R trial, then, in the order a kill may interrupt: the record, last/
+        with the log's length (a resume cuts the log back to it) and the loop's state (`loop`),
+        then best/ if this is the best so far (re-saved on resume if a kill left it behind)."""
+        dev = evaluate_sts(self.encode, self.args.sts_dir, split="dev")
+        self.last = {"step": step, "stsb_dev": dev["STSBenchmark"]["spearman"],
+                     "sickr_dev": dev["SICKRelatedness"]["spearman"], "avg_dev": dev["avg"],
+                     **(self.log_extra() if self.log_extra else {})}
+        if self.last["stsb_dev"] > self.best:
+            self.best, self.best_step = self.last["stsb_dev"], step
+        rec = dict(self.last, best_stsb_dev=self.best)
         self.write(rec)
         tmp, commit = _atomic_dir(self.out / "last")
         stop = self.state["should_stop"]
         torch.save({**{k: self.state[k].state_dict() for k in ("model", "opt", "sched")}, **loop, "dev": rec,
-                    "log_bytes": self.log.stat().st_size, "should_stop": getattr(stop, "state_dict", lambda: None)(),
-                    "rng_cpu": torch.get_rng_state(),
+                    "step": step, "best": self.best, "best_step": self.best_step, "log_bytes": self.log.stat().st_size,
+                    "should_stop": getattr(stop, "state_dict", lambda: None)(), "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}, tmp / "state.pt")
         commit()
-        if improved:
+        if self.best_step == step:
             self.save_best(rec)
+        tqdm.write(f"step {step}: STS-B dev {rec['stsb_dev']:.2f}  SICK-R dev {rec['sickr_dev']:.2f}  "
+                   f"(best {self.best:.2f} at step {self.best_step})", file=sys.stderr)
 
     def resume(self) -> dict:
-        """--resume: bring back what save() kept; cut metrics.jsonl back to the length last/
-        recorded (whatever a kill left after the checkpoint goes: records of steps that will be
-        trained again, a line cut short), in one system call; re-save best/ if it fell one
+        """--resume: bring back what evaluate() kept; cut metrics.jsonl back to the length last/
+        recorded, in one system call (what a kill left after the checkpoint goes: records of
+        steps that will be trained again, a line cut short); re-save best/ if it fell one
         evaluation behind. {} for a run stopped before its first checkpoint (step 0 again)."""
         last, size = self.out / "last" / "state.pt", self.log.stat().st_size if self.log.exists() else 0
         st = torch.load(last, map_location=next(self.state["model"].parameters()).device,
@@ -1322,7 +1301,10 @@ class RunFolder:
             self.state[k].load_state_dict(st[k])
         if st.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
             self.state["should_stop"].load_state_dict(st["should_stop"])
-        if self.main and st["best_step"] == st["step"] and _saved_step(self.out / "best") != st["step"]:
+        self.best, self.best_step, self.last = st["best"], st["best_step"], st["dev"]
+        saved = json.loads((self.out / "best" / "dev_metrics.json").read_text()) \
+            if (self.out / "best" / "dev_metrics.json").is_file() else {}
+        if self.main and st["best_step"] == st["step"] and saved.get("step") != st["step"]:
             self.save_best(st["dev"])
         torch.set_rng_state(st["rng_cpu"])
         if torch.cuda.is_available() and st.get("rng_cuda") is not None:
@@ -1333,27 +1315,17 @@ class RunFolder:
         return st
 
 
-def _saved_step(folder: Path) -> int | None:
-    """The step a checkpoint folder was saved at (its dev_metrics.json), None if it has none."""
-    try:
-        return json.loads((folder / "dev_metrics.json").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
           pooler: str, mlp: nn.Module | None = None, output_dir: str | Path | None = None,
           paper: dict | None = None, paper_name: str = "paper", log_extra: Callable[[], dict] | None = None,
           should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True,
           stop_every: int | None = None) -> dict:
-    """Train `model` on `data`; keep the best checkpoint of `encoder` (+ `mlp` for the `cls`
-    pooler) by STS-B dev. model(batch) -> loss or (loss, {name: 0-dim tensor} to log), batch =
-    {column: {"input_ids": (B, L), "attention_mask": (B, L)}}, rows aligned across columns.
-    log_extra() adds figures to each evaluation. should_stop(step, mean loss since its last
-    call), called every `stop_every` steps (default: at each evaluation) and at the last step,
-    ends training when True; the run is then evaluated and checkpointed at that step, so last/
-    and the last dev figure are of the weights it stopped with (its state_dict() goes into
-    last/). Returns {"best_dev", "best_step", "steps", "stopped_early", "last_dev", "test"}."""
+    """Train `model` on `data`, keeping the best `encoder` (+ `mlp` for the `cls` pooler) by STS-B
+    dev. model(batch) -> loss or (loss, {name: 0-dim tensor} to log); batch = {column:
+    {"input_ids": (B, L), "attention_mask": (B, L)}}. should_stop(step, mean loss since its last
+    call), every `stop_every` steps (default: at evaluations), ends training when True: the run
+    is evaluated and checkpointed at that step. -> {"best_dev", "best_step", "steps",
+    "stopped_early", "last_dev", "test"}"""
     out, (rank, world_size), device = Path(output_dir or args.output_dir), world(), next(model.parameters()).device
     n = len(next(iter(data.values())))
     # the epochs, or --max_steps if it is given and shorter (or if --epochs is 0)
@@ -1365,15 +1337,11 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     opt, sched = make_optimizer(params, args.lr, args.weight_decay, total, device)
     step_fn = make_step(wrap_ddp(model, device) if world_size > 1 else model, params, opt, sched, device,
                         args.max_grad_norm, world_size, compile=args.compile and device.type == "cuda")
-    if rank == 0:
-        hold_run_folder(out)  # start() holds --output_dir already; this is for RCL's entropy models
-    run = RunFolder(out, args, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
-                    (encoder, tokenizer, pooler, mlp))
+    run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
+                    (encoder, tokenizer, pooler, mlp), log_extra)
     st = run.resume() if args.resume else {}
-    step, best, best_step, last = st.get("step", 0), st.get("best", -float("inf")), st.get("best_step", 0), st.get("dev")
-    meter, bar = Meter(device, st.get("since_check")), progress(total, Path(sys.argv[0]).stem or "train",
-                                                                "step", rank != 0, step)
-    encode, stopped = make_encode(encoder, tokenizer, pooler, mlp), "early" if st.get("stopped_early") else None
+    step, stopped, meter = st.get("step", 0), "early" if st.get("stopped_early") else None, Meter(device, st.get("since_check"))
+    bar = progress(total, Path(sys.argv[0]).stem or "train", "step", rank != 0, step)
     while step < total and stopped is None:
         epoch, b = divmod(step, n // args.batch_size)
         idx = local_rows(batch_plan(n, args.batch_size, args.seed, epoch)[b])   # this rank's share
@@ -1393,34 +1361,22 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             rec = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
             run.write(rec)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", sent_s=f"{rec['sent_per_s']:.0f}")
-        if evaluate_now and rank == 0:
-            last = {"step": step, **evaluate_dev(encode, args.sts_dir), **(log_extra() if log_extra else {})}
-            best, best_step = (last["stsb_dev"], step) if last["stsb_dev"] > best else (best, best_step)
-            run.save(dict(last, best_stsb_dev=best), best_step == step,
-                     {"step": step, "best": best, "best_step": best_step, "stopped_early": stopped == "early",
-                      "since_check": [float(meter.since_check), meter.steps_since_check]})
-            bar.write(f"step {step}: STS-B dev {last['stsb_dev']:.2f}  SICK-R dev {last['sickr_dev']:.2f}"
-                      f"  (best {best:.2f} at step {best_step})")
         if evaluate_now:
+            if rank == 0:
+                run.evaluate(step, {"stopped_early": stopped == "early",
+                                    "since_check": [float(meter.since_check), meter.steps_since_check]})
             barrier()
     bar.close()
     if stopped == "nan":
-        kept = f"is kept in {out / 'best'}" if best_step else "was not saved yet"
+        kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
         raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
-    result = {"best_dev": best, "best_step": best_step, "steps": step, "test": None,
-              "stopped_early": stopped == "early" and step < total, "last_dev": (last or {}).get("stsb_dev")}
+    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "test": None,
+              "stopped_early": stopped == "early" and step < total, "last_dev": (run.last or {}).get("stsb_dev")}
     if final_eval and rank == 0:
         result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name)
     barrier()
     return result
-
-
-def evaluate_dev(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict:
-    """STS-B dev and SICK-R trial, the figures the run is steered by."""
-    dev = evaluate_sts(encode, sts_dir, split="dev")
-    return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
-            "avg_dev": dev["avg"]}
 
 
 def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
