@@ -655,13 +655,10 @@ STS_SUBSETS = {
     "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
     "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
 }
-STS_PAIR_COUNTS = {  # kept pairs, asserted by tests and by `download`
-    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561],
-    "STS14": [450, 300, 750, 750, 750, 750], "STS15": [375, 750, 375, 750, 750],
-    "STS16": [254, 249, 230, 244, 209],
-    "STSBenchmark": {"train": 5749, "dev": 1500, "test": 1379},
-    "SICKRelatedness": {"train": 4500, "dev": 500, "test": 4927},
-}
+STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
+    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
+    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
+    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
 TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
               "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
@@ -813,18 +810,14 @@ def check_sts(folder: Path) -> None:
     """The STS data are whole when every task parses to the spec's kept pair counts."""
     for task in STS_TASKS:
         try:
-            if task in STS_SUBSETS:
-                got = [len(g) for _, _, g in load_sts_pairs(folder, task).values()]
-                want = STS_PAIR_COUNTS[task]
-            else:
-                got = [len(load_sts_pairs(folder, task, s)[s][2]) for s in ("train", "dev", "test")]
-                want = [STS_PAIR_COUNTS[task][s] for s in ("train", "dev", "test")]
+            got = [len(g) for split in (["test"] if task in STS_SUBSETS else ["train", "dev", "test"])
+                   for _, _, g in load_sts_pairs(folder, task, split).values()]
         except (OSError, ValueError, IndexError, UserError) as e:
             raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
                             f"incomplete or corrupted. Run `python common.py download` again.")
-        if got != want:
-            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {want}: the "
-                            f"download is incomplete or corrupted.")
+        if got != STS_PAIR_COUNTS[task]:
+            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {STS_PAIR_COUNTS[task]}: "
+                            f"the download is incomplete or corrupted.")
 
 
 def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
