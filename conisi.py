@@ -378,6 +378,7 @@ class ConIsI(nn.Module):
         self.g = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
         # Eq. (7): r = W_3 h + b_3. NOTE(ours): W_3 maps d -> 1, since Eq. (8) uses r as a logit
         self.w3 = nn.Linear(d, 1)
+        self.w3.requires_grad_(lam != 0)  # in no loss at lam 0: frozen, so DDP waits for no gradient
         special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
         keep = torch.ones(vocab_size, dtype=torch.bool)
         keep[special[special < vocab_size]] = False
@@ -438,8 +439,13 @@ class ConIsI(nn.Module):
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = batch["text"]                                                     # (N, L)
         Y = compose_pairs(x, x, self.tpl)                                     # (N, <=2L) (x_i, x_i)
-        Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
         h_x, _ = self.head(self.cls(x))                                       # (N, d) BN over x alone
+        if self.lam == 0:  # Tab. 5 "w/o fine-grained classification loss": no Z is built, and
+            # Y is a BatchNorm batch of its own, so no c_i reaches the loss, not even through BN
+            h_Y, _ = self.head(self.cls(Y))                                   # (N, d) BN over Y alone
+            loss = contrastive_loss(common.gather(h_x), common.gather(h_Y), self.tau)  # () Eq. (10), lam 0
+            return loss, {"loss_contrastive": loss.detach()}
+        Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
         h_YZ = self.cls(common.concat_batches([Y, Z], self.tpl.pad_id))       # (2N, d) one pass
         h_Y, r_Y, r_Z = self.head_pairs(h_YZ)                                 # (N, d), (N,), (N,)
         h_x, h_Y, r_Y, r_Z = (common.gather(t) for t in (h_x, h_Y, r_Y, r_Z))

@@ -447,6 +447,49 @@ def test_forward_is_eq10_over_x_Y_Z(reading, tiny_model, tiny_tok):
     assert abs(mixed - want) > 1e-2 * abs(want)
 
 
+@pytest.mark.parametrize("reading", ["joint", "separate"])
+def test_lam_zero_has_no_path_from_c(reading, tiny_model, tiny_tok, monkeypatch):
+    """Tab. 5's "w/o fine-grained classification loss" (Sec. 4.6: a SimCSE-like model): at lam 0
+    no c_i may reach the loss, whatever --bn says. Every c_i changed (other strategies, or make_c
+    handing back other sentences) leaves the loss and every gradient as they were; Z is neither
+    composed nor encoded (the encoder sees x and Y, N rows each); Y is a BatchNorm batch of its
+    own (the loss is Eq. (3)-(4) on ref_g(x) and ref_g(Y)); W3, in no loss, is frozen, since
+    DDP runs without find_unused_parameters; only the contrastive loss is logged."""
+    tau, n = 0.5, len(SENTS)  # tau 0.5: see test_forward_is_eq10_over_x_Y_Z
+    x, anto = _batch(tiny_tok, SENTS, 16), _batch(tiny_tok, OTHERS, 16)
+
+    def step(strategy, c=None):
+        m = tiny_model(strategy, lam=0.0, tau=tau, bn=reading)
+        m.train()
+        m.encoder.eval()                                               # no dropout: only c differs
+        if c is not None:
+            monkeypatch.setattr(m, "make_c", lambda batch: c)
+        rows = []
+        m.encoder.register_forward_hook(
+            lambda mod, a, kw, out: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        loss, stats = m({"text": x, "anto": anto})
+        loss.backward()
+        grads = {k: p.grad for k, p in m.named_parameters() if p.grad is not None}
+        return m, loss.detach(), stats, grads, list(rows)
+
+    m, loss, stats, grads, rows = step("s")
+    with torch.no_grad():
+        c_x, c_Y = m.cls(x), m.cls(conisi.compose_pairs(x, x, m.tpl))
+        want = loop_contrastive(ref_g(m, c_x), ref_g(m, c_Y), tau)
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+    assert set(stats) == {"loss_contrastive"} and torch.equal(stats["loss_contrastive"], loss)
+    assert rows == [n, n]                                              # x, then Y: no Z
+    assert not m.w3.weight.requires_grad and not m.w3.bias.requires_grad
+    assert [k for k, p in m.named_parameters() if p.requires_grad and p.grad is None
+            and "encoder.pooler" not in k] == []                      # DDP: every weight a gradient
+    others = [step("o1"), step("o2"), step("s", c=anto),
+              step("s", c=_batch(tiny_tok, list(reversed(OTHERS)), 16))]
+    for _, loss_c, _, grads_c, rows_c in others:
+        assert torch.allclose(loss_c, loss, rtol=1e-6, atol=0) and rows_c == [n, n]
+        assert grads_c.keys() == grads.keys()
+        assert all(torch.allclose(grads_c[k], grads[k], rtol=1e-5, atol=1e-9) for k in grads)
+
+
 def test_make_c_per_strategy(tiny_model, tiny_tok):
     x = _batch(tiny_tok, SENTS, 16)
     m = tiny_model("s")
