@@ -15,23 +15,27 @@ What it adds to unsupervised SimCSE:
 Run:
   python conisi.py                                   # ConIsI-s, bert-base-uncased on wiki1m
   python conisi.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
-      --sts_dir ../shared/data/sts --output_dir runs/conisi-minilm    # the small real testbed
+      --sts_dir ../shared/data/sts --output_dir runs/conisi-minilm  # testbed: README.md "Results"
   python conisi.py --model <tiny bert dir> --data ../shared/data/wiki1m_head.txt \
       --sts_dir ../shared/data/sts --max_steps 4 --eval_every 2 --batch_size 8   # quick CPU run
-  python conisi.py --strategy o1                     # ablation: Tab. 6's ConIsI-o1
-  python conisi.py --lam 0                           # ablation: Tab. 7's first column (no interaction)
-  python conisi.py --strategy o2                     # needs `pip install nltk` + the wordnet data
 
-Measured numbers: README.md, "Results" (the MiniLM testbed of ../shared/README.md); a
-bert-base run prints the paper's Tab. 4 row (or the Tab. 6/7 average) beside its own table.
+The paper's ablations (the final table prints the paper's figure beside yours):
+  python conisi.py --lam 0             # Tab. 5 "w/o fine-grained classification loss": no Z at all
+  python conisi.py --lam 1             # Tab. 5 "w/o contrastive loss" (loss_contrastive still logged)
+  python conisi.py --strategy o1       # Tab. 6; also o2 (needs `pip install nltk` + wordnet), s
+  python conisi.py --model roberta-base --lam 0.1 --strategy o1    # Tab. 6, RoBERTa-base (Tab. 3)
+  python conisi.py --lam 0.1           # Tab. 7: --lam 0.1 ... 0.9 (the default 0.8 is its best)
 
-Under DDP (torchrun): each rank encodes its own N/K sentences x_i and builds their pairs Y_i
-and Z_i locally (for `s`, c_i is drawn from the rank's own shard, so a shard needs at least two
-sentences). h_x, h_Y, r_Y and r_Z all pass through common.gather, so Eq. (3)-(4) see the
-global N x N matrix and Eq. (8)-(9) average over all N pairs, as in one process. On CUDA the
-head's BatchNorm becomes SyncBatchNorm, so its statistics are over the global batch too (x over
-the global N; Y and Z together over the global 2N, or each over the global N with --bn
-separate); on CPU (gloo) each rank normalises over its own shard.
+The mechanism at work, in metrics.jsonl: Eq. (8) trains f to tell Y_i from Z_i, so acc_interactive
+(the share of pairs with r_i^Y > r_i^Z) should rise from about 0.5 towards 1 and loss_interactive
+(Eq. 9) fall below log 2; loss_contrastive (Eq. 4) is logged too, and alone at --lam 0 (no Z).
+
+BatchNorm, our reading (the paper never says which rows form a BatchNorm batch): --bn joint,
+the default, normalises x as one batch of N and Y with Z (encoder 2's one pass) as one of 2N;
+--bn separate, the other reading, x, Y and Z each as a batch of N; at --lam 0 Y is alone.
+Under DDP (torchrun) each rank pairs its own x_i (`s` draws c_i from its shard: two sentences at
+least); common.gather makes the losses one process's; BatchNorm is SyncBatchNorm on CUDA (global
+statistics), per shard on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -58,8 +62,7 @@ from common import UserError, arg
 
 @dataclass
 class Args(common.TrainArgs):
-    """The shared flags are common.TrainArgs (SimCSE's defaults, which Tab. 3 and Sec. 4.3
-    keep); ConIsI changes and adds:"""
+    """Shared flags: common.TrainArgs (SimCSE's defaults, kept by Tab. 3 and Sec. 4.3); ConIsI's:"""
     sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
                "epochs": "paper Sec. 4.3", "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3",
                "weight_decay": "paper Sec. 4.3"}
@@ -68,22 +71,29 @@ class Args(common.TrainArgs):
                           "(BatchNorm)", "paper Tab. 3", ge=2)
     max_len: int = arg(32, "tokens per single sentence; the pairs Y, Z get twice as many",
                        "paper Tab. 3", ge=1)
-    tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3", gt=0)
-    lam: float = arg(0.8, "weight of the interactive loss, Eq. (10); the paper uses 0.8 for "
-                     "BERT-base and 0.1 for RoBERTa-base and BERT-large", "paper Tab. 3", ge=0, le=1)
+    tau: float = arg(0.05, "temperature of the contrastive loss, Eq. (3)", "paper Sec. 4.3", gt=0,
+                     note="The paper uses 0.05 (Sec. 4.3).")
+    lam: float = arg(0.8, "weight of the interactive loss, Eq. (10): 0.8 for BERT-base, 0.1 for "
+                     "RoBERTa-base and BERT-large; 0 = no Z at all, 1 = no contrastive loss (Tab. 5)",
+                     "paper Tab. 3", ge=0, le=1, note="Eq. (10) is a convex combination; the paper tries "
+                     "0 to 0.9 (Tab. 7), uses 0.8 (BERT-base), 0.1 (RoBERTa-base, BERT-large) (Tab. 3).")
     strategy: str = arg("s", "how c_i of Z_i = (x_i, c_i) is built: s = another sentence of the "
                         "batch, o1 = subword replacement, o2 = WordNet antonyms", "paper Sec. 3.2",
                         choices=["s", "o1", "o2"])
-    # NOTE(ours): joint by default: normalised apart, Y and Z leave BN with the same mean per
-    # feature, so Eq. (8) can only be won by distorting [CLS]; separate = x, Y, Z each a batch of N
-    bn: str = arg("joint", "BatchNorm batches of the head g: joint = x alone (N), Y and Z "
-                  "together (2N, encoder 2's one pass); separate = x, Y and Z each alone (N)",
-                  "ours", choices=["joint", "separate"])
-    dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3", ge=0, lt=1)
+    # NOTE(ours): the paper never says which rows form a BatchNorm batch; joint is our reading
+    # (normalised apart, Y and Z leave BN with the same mean per feature: Eq. (8) loses its
+    # easiest cue, methods.md); separate is the other. At --lam 0 there is no Z: Y is alone.
+    bn: str = arg("joint", "BatchNorm batches of the head g, our reading (the paper does not say): "
+                  "joint = x alone (N), Y and Z together (2N, encoder 2's one pass); separate = x, Y, "
+                  "Z each alone (N); at --lam 0 Y alone either way", "ours", choices=["joint", "separate"])
+    dropout: float = arg(0.1, "encoder dropout (hidden and attention)", "paper Sec. 4.3", ge=0, lt=1,
+                         note="The paper uses 0.1 (Sec. 4.3).")
     replace_share: float = arg(0.15, "o1: share of subword tokens chosen; o2: share of words "
-                               "(at least one either way)", "ours", ge=0, le=1)
+                               "(at least one either way)", "ours", ge=0, le=1,
+                               note="A share; the paper gives none (ours: 0.15, BERT's masking rate).")
     random_share: float = arg(0.8, "o1: a chosen token becomes a random token this often, else "
-                              "stays unchanged", "paper Sec. 3.2.1", ge=0, le=1)
+                              "stays unchanged", "paper Sec. 3.2.1", ge=0, le=1,
+                              note="A probability; the paper uses 0.8 (Sec. 3.2.1).")
     antonyms: str = arg("", "o2: a word<TAB>antonym file to use instead of nltk's WordNet")
 
     def rules(self) -> None:
@@ -102,27 +112,28 @@ class Args(common.TrainArgs):
                             f"{positions // 2} or less.")
 
 
-# Paper Tab. 4 (ConIsI-s-BERT_base, lam 0.8); Tab. 6 averages per strategy; Tab. 7 averages
-# of ConIsI-s per lam. Printed beside this run's numbers at the end.
+# Paper Tab. 4 (ConIsI-s-BERT_base, lam 0.8); Tab. 6 averages per strategy (BERT-base at lam
+# 0.8, RoBERTa-base at 0.1, Tab. 3); Tab. 7 averages of ConIsI-s per lam, and Tab. 5's lam 1.
 PAPER_S = {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
            "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}
 PAPER_AVG_BY_STRATEGY = {"s": 78.30, "o1": 77.14, "o2": 77.35}
+PAPER_ROBERTA_BY_STRATEGY = {"s": 77.34, "o1": 78.35, "o2": 78.13}
 PAPER_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
-                    0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58}
+                    0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58, 1.0: 67.68}
 
 
-def paper_numbers(strategy: str, lam: float) -> tuple[dict | None, str]:
-    """The paper's BERT-base figures for this configuration (None when it reports none),
-    and the row's name in the final table."""
+def paper_numbers(strategy: str, lam: float, model: str = "bert-base-uncased") -> tuple[dict | None, str]:
+    """The paper's figures for this run (None if it reports none) and the row's name in the final
+    table (14 characters at most): RoBERTa-base's for a roberta-base model, else BERT-base's."""
     lam = round(lam, 6)
-    if lam == 0.0:  # no interactive loss: c_i plays no part (Tab. 5 / Tab. 7)
-        return {"avg": PAPER_AVG_BY_LAM[0.0]}, "paper (lam 0)"
+    if "roberta-base" in model.lower():  # Tab. 6's RoBERTa-base column, at Tab. 3's lam 0.1
+        return ({"avg": PAPER_ROBERTA_BY_STRATEGY[strategy]} if lam == 0.1 else None), "paper RoBERTa"
+    if lam == 0.8 and strategy == "s":
+        return dict(PAPER_S), "paper (s)"
     if lam == 0.8:
-        if strategy == "s":
-            return dict(PAPER_S), "paper (s)"
         return {"avg": PAPER_AVG_BY_STRATEGY[strategy]}, f"paper ({strategy})"
-    if strategy == "s" and lam in PAPER_AVG_BY_LAM:
-        return {"avg": PAPER_AVG_BY_LAM[lam]}, f"paper (lam {lam:g})"
+    if (strategy == "s" or lam == 0.0) and lam in PAPER_AVG_BY_LAM:  # lam 0: c_i plays no part
+        return {"avg": PAPER_AVG_BY_LAM[lam]}, f"paper lam {lam:g}"
     return None, "paper"
 
 
@@ -189,18 +200,14 @@ def pair_template(tokenizer, flag: str = "--model") -> PairTemplate:
     """Read the tokenizer's own sentence-pair form off a probe ([CLS] a [SEP] b [SEP], types
     0/1 for BERT; <s> a </s></s> b </s> for RoBERTa)."""
     # NOTE(ours): pairs follow the tokenizer's own pair template (methods.md), read off a probe.
-    n_a = len(tokenizer("a", add_special_tokens=False)["input_ids"])
-    n_b = len(tokenizer("b", add_special_tokens=False)["input_ids"])
+    n_a, n_b = (len(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in ("a", "b"))
     one = tokenizer("a", return_special_tokens_mask=True)
     two = tokenizer("a", "b", return_special_tokens_mask=True, return_token_type_ids=True)
     ids, special = two["input_ids"], two["special_tokens_mask"]
     types = two.get("token_type_ids") or [0] * len(ids)
 
-    def run(seq: list[int], start: int, value: int) -> int:
-        end = start
-        while end < len(seq) and seq[end] == value:
-            end += 1
-        return end
+    def run(seq: list[int], start: int, value: int) -> int:  # where the run of `value` ends
+        return next((k for k in range(start, len(seq)) if seq[k] != value), len(seq))
 
     s1 = run(one["special_tokens_mask"], 0, 1)
     p1 = run(special, 0, 1)
@@ -209,9 +216,8 @@ def pair_template(tokenizer, flag: str = "--model") -> PairTemplate:
     b_end = run(special, p2, 0)
     if (s1 + n_a > len(one["input_ids"]) or a_end - p1 != n_a or b_end - p2 != n_b
             or any(m != 1 for m in special[b_end:])):
-        raise UserError(f"{flag}: its tokenizer has no sentence-pair form ([CLS] a [SEP] b [SEP] "
-                        f"or <s> a </s></s> b </s>), which ConIsI needs for Y and Z. Use a BERT- "
-                        f"or RoBERTa-style encoder.")
+        raise UserError(f"{flag}: its tokenizer has no pair form ([CLS] a [SEP] b [SEP] or <s> a </s></s> "
+                        f"b </s>), which ConIsI needs for Y and Z. Use a BERT- or RoBERTa-style encoder.")
     return PairTemplate(
         single_pre=s1, single_suf=len(one["input_ids"]) - s1 - n_a,
         pre=tuple(ids[:p1]), mid=tuple(ids[a_end:p2]), suf=tuple(ids[b_end:]),
@@ -225,7 +231,11 @@ def compose_pairs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
                   tpl: PairTemplate) -> dict[str, torch.Tensor]:
     """Join two single-sentence batches row by row into one pair sequence per row:
     [CLS] a_i [SEP] b_i [SEP]. Y_i = compose(x, x) repeats the truncated x_i (Sec. 3.1.1), so a
-    pair has at most twice max_len tokens (the paper's doubled max length, Sec. 3.1.3)."""
+    pair has at most twice max_len tokens (the paper's doubled max length, Sec. 3.1.3).
+    Example (BERT: [CLS] 101, [SEP] 102, [PAD] 0), Y = compose_pairs(x, x, tpl), x_i = "hello world":
+      x_i input_ids [101, 7592, 2088, 102, 0]  attention_mask [1, 1, 1, 1, 0]
+      Y_i input_ids [101, 7592, 2088, 102, 7592, 2088, 102, 0, 0]  [CLS] hello world [SEP] hello world [SEP]
+          token_type_ids [0, 0, 0, 0, 1, 1, 1, 0, 0]  attention_mask [1, 1, 1, 1, 1, 1, 1, 0, 0]"""
     a_ids, b_ids = a["input_ids"], b["input_ids"]                             # (N, La), (N, Lb)
     n, la_w, lb_w = a_ids.shape[0], a_ids.shape[1], b_ids.shape[1]
     dev, cut = a_ids.device, tpl.single_pre + tpl.single_suf
@@ -292,15 +302,12 @@ def subword_replace(ids: torch.Tensor, mask: torch.Tensor, special_ids: torch.Te
     return torch.where(swap, candidates[pick], ids), chosen                   # (N, L), (N, L)
 
 
-WORD = re.compile(r"[A-Za-z]+")
-
-
 def antonym_replace(sentence: str, antonyms: Callable[[str], list[str]] | Mapping[str, list[str]],
                     share: float, rng: random.Random) -> str | None:
     """Strategy o2 (Sec. 3.2.1): swap round(share x words) words (at least one) for an
     antonym, chosen among the words that have one; None when no word has any."""
     look = antonyms.get if isinstance(antonyms, Mapping) else antonyms
-    words = list(WORD.finditer(sentence))
+    words = list(re.finditer(r"[A-Za-z]+", sentence))
     options = [(m, sorted(look(m.group().lower()) or ())) for m in words]
     options = [(m, ants) for m, ants in options if ants]
     if not options:
@@ -312,52 +319,10 @@ def antonym_replace(sentence: str, antonyms: Callable[[str], list[str]] | Mappin
     for j in picked:
         m, ants = options[j]
         new = rng.choice(ants)
-        if m.group()[0].isupper():
-            new = new[0].upper() + new[1:]
+        new = new[0].upper() + new[1:] if m.group()[0].isupper() else new    # keep a capital
         out += [sentence[last:m.start()], new]
         last = m.end()
     return "".join(out) + sentence[last:]
-
-
-def wordnet_antonyms() -> Callable[[str], list[str]]:
-    """word -> its WordNet antonyms (lemma names, '_' as spaces), through nltk."""
-    how = ("pip install nltk && python -m nltk.downloader wordnet (or pass --antonyms FILE with "
-           "word<TAB>antonym lines)")
-    try:
-        from nltk.corpus import wordnet as wn
-    except ImportError:
-        raise UserError(f"--strategy o2 takes antonyms from WordNet through nltk, which is not "
-                        f"installed. Run: {how}.")
-    try:
-        wn.ensure_loaded()
-    except LookupError:
-        raise UserError("--strategy o2: nltk is installed but its WordNet data is missing. "
-                        "Run: python -m nltk.downloader wordnet (or pass --antonyms FILE).")
-
-    @lru_cache(maxsize=None)
-    def lookup(word: str) -> list[str]:
-        return sorted({a.name().replace("_", " ") for l in wn.lemmas(word) for a in l.antonyms()})
-
-    return lookup
-
-
-def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, list[str]]:
-    """A word<TAB>antonym file, one pair a line (a word may have several lines)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file. Give word<TAB>antonym lines, or leave the "
-                        f"flag out to use WordNet (pip install nltk).")
-    table: dict[str, list[str]] = {}
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        cells = [c.strip() for c in line.split("\t")]
-        if len(cells) != 2 or not all(cells):
-            raise UserError(f"{flag} {path}: line {i} is {line!r}; expected word<TAB>antonym.")
-        table.setdefault(cells[0].lower(), []).append(cells[1])
-    if not table:
-        raise UserError(f"{flag} {path}: the file holds no word<TAB>antonym lines.")
-    return table
 
 
 # =====================================================================================
@@ -378,6 +343,7 @@ class ConIsI(nn.Module):
         self.g = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
         # Eq. (7): r = W_3 h + b_3. NOTE(ours): W_3 maps d -> 1, since Eq. (8) uses r as a logit
         self.w3 = nn.Linear(d, 1)
+        self.w3.requires_grad_(lam != 0)  # in no loss at lam 0: frozen, so DDP waits for no gradient
         special = torch.tensor(sorted(set(special_ids)), dtype=torch.long)
         keep = torch.ones(vocab_size, dtype=torch.bool)
         keep[special[special < vocab_size]] = False
@@ -391,8 +357,7 @@ class ConIsI(nn.Module):
         return out.last_hidden_state[:, 0]                                    # (B, d)
 
     def head(self, h_cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """g and f on one batch of [CLS] rows: BatchNorm's statistics are over exactly these rows
-        (x: N rows; Y and Z: see head_pairs)."""
+        """g and f on one batch of [CLS] rows; BatchNorm's statistics are over exactly these rows."""
         if self.training and h_cls.shape[0] < 2:
             raise UserError("the ConIsI head's BatchNorm needs at least 2 sentences per batch and "
                             "process in training. Raise --batch_size.")
@@ -427,10 +392,8 @@ class ConIsI(nn.Module):
         # under the opposite label) falls back to o1, the other "from original sentence" way
         c = batch["anto"]
         width = max(x["input_ids"].shape[1], c["input_ids"].shape[1])
-        x_p = common.pad_batch(x, width, self.tpl.pad_id)                    # (N, W)
-        c_p = common.pad_batch(c, width, self.tpl.pad_id)                    # (N, W)
-        noisy_p = common.pad_batch({"input_ids": noisy, "attention_mask": x["attention_mask"]},
-                                   width, self.tpl.pad_id)                   # (N, W)
+        x_p, c_p, noisy_p = (common.pad_batch(b, width, self.tpl.pad_id) for b in  # (N, W) each
+                             (x, c, {"input_ids": noisy, "attention_mask": x["attention_mask"]}))
         same = ((x_p["input_ids"] == c_p["input_ids"]).all(1)
                 & (x_p["attention_mask"] == c_p["attention_mask"]).all(1))[:, None]  # (N, 1)
         return {k: torch.where(same, noisy_p[k], c_p[k]) for k in c_p}        # (N, W)
@@ -438,8 +401,13 @@ class ConIsI(nn.Module):
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = batch["text"]                                                     # (N, L)
         Y = compose_pairs(x, x, self.tpl)                                     # (N, <=2L) (x_i, x_i)
-        Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
         h_x, _ = self.head(self.cls(x))                                       # (N, d) BN over x alone
+        if self.lam == 0:  # Tab. 5 "w/o fine-grained classification loss": no Z is built, and
+            # Y is a BatchNorm batch of its own, so no c_i reaches the loss, not even through BN
+            h_Y, _ = self.head(self.cls(Y))                                   # (N, d) BN over Y alone
+            loss = contrastive_loss(common.gather(h_x), common.gather(h_Y), self.tau)  # () Eq. (10), lam 0
+            return loss, {"loss_contrastive": loss.detach()}
+        Z = compose_pairs(x, self.make_c(batch), self.tpl)                    # (N, <=2L) (x_i, c_i)
         h_YZ = self.cls(common.concat_batches([Y, Z], self.tpl.pad_id))       # (2N, d) one pass
         h_Y, r_Y, r_Z = self.head_pairs(h_YZ)                                 # (N, d), (N,), (N,)
         h_x, h_Y, r_Y, r_Z = (common.gather(t) for t in (h_x, h_Y, r_Y, r_Z))
@@ -452,8 +420,46 @@ class ConIsI(nn.Module):
 
 
 # =====================================================================================
-# Plumbing: everything below calls common.py
+# Plumbing: antonym tables for --strategy o2 (nltk's WordNet or a file), then main
 # =====================================================================================
+
+def wordnet_antonyms() -> Callable[[str], list[str]]:
+    """word -> its WordNet antonyms (lemma names, '_' as spaces), through nltk."""
+    try:
+        from nltk.corpus import wordnet as wn
+    except ImportError:
+        raise UserError("--strategy o2 takes antonyms from WordNet through nltk, which is not installed. "
+                        "Run: pip install nltk && python -m nltk.downloader wordnet (or pass --antonyms "
+                        "FILE with word<TAB>antonym lines).")
+    try:
+        wn.ensure_loaded()
+    except LookupError:
+        raise UserError("--strategy o2: nltk is installed but its WordNet data is missing. "
+                        "Run: python -m nltk.downloader wordnet (or pass --antonyms FILE).")
+
+    @lru_cache(maxsize=None)
+    def lookup(word: str) -> list[str]:
+        return sorted({a.name().replace("_", " ") for l in wn.lemmas(word) for a in l.antonyms()})
+    return lookup
+
+
+def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, list[str]]:
+    """A word<TAB>antonym file, one pair a line (a word may have several lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file. Give word<TAB>antonym lines, or leave the "
+                        f"flag out to use WordNet (pip install nltk).")
+    table: dict[str, list[str]] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in ((i, l) for i, l in enumerate(lines, start=1) if l.strip()):
+        cells = [c.strip() for c in line.split("\t")]
+        if len(cells) != 2 or not all(cells):
+            raise UserError(f"{flag} {path}: line {i} is {line!r}; expected word<TAB>antonym.")
+        table.setdefault(cells[0].lower(), []).append(cells[1])
+    if not table:
+        raise UserError(f"{flag} {path}: the file holds no word<TAB>antonym lines.")
+    return table
+
 
 def antonym_column(sentences: list[str], lookup: Callable[[str], list[str]] | Mapping[str, list[str]],
                    share: float, seed: int) -> list[str]:
@@ -484,7 +490,7 @@ def main(argv: list[str] | None = None) -> dict:
                    vocab, args.replace_share, args.random_share, args.bn).to(device)
     if common.world()[1] > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    paper, name = paper_numbers(args.strategy, args.lam)
+    paper, name = paper_numbers(args.strategy, args.lam, args.model)
     # Sec. 4.2: evaluation and the saved model use the raw [CLS] of the single sentence
     return common.train(args, model, data, tokenizer, encoder, pooler="cls_before_pooler",
                         paper=paper, paper_name=name)

@@ -182,6 +182,33 @@ def test_Y_repeats_the_truncated_sentence(tiny_tok):
         assert Y["token_type_ids"][i][m].tolist() == [0] * (len(words) + 2) + [1] * (len(words) + 1)
 
 
+def test_compose_pairs_docstring_example(tiny_tok):
+    """The worked example in compose_pairs' docstring is what compose_pairs returns: the rows are
+    read off the docstring itself, so the two cannot drift apart. With MiniLM's tokenizer (BERT's
+    uncased vocabulary) the example's x_i and template are also what the tokenizer gives."""
+    import re
+    from transformers import AutoTokenizer
+    from conftest import need_shared
+    found = re.findall(r"(input_ids|token_type_ids|attention_mask) \[([\d, ]+)\]", conisi.compose_pairs.__doc__)
+    assert [k for k, _ in found] == ["input_ids", "attention_mask", "input_ids", "token_type_ids",
+                                     "attention_mask"]
+    rows = [[int(v) for v in vals.split(",")] for _, vals in found]
+    x = {"input_ids": torch.tensor([rows[0]]), "attention_mask": torch.tensor([rows[1]])}
+    want = {"input_ids": rows[2], "token_type_ids": rows[3], "attention_mask": rows[4]}
+    assert want == {"input_ids": [101, 7592, 2088, 102, 7592, 2088, 102, 0, 0],     # [CLS] a b [SEP] a b [SEP]
+                    "token_type_ids": [0, 0, 0, 0, 1, 1, 1, 0, 0],
+                    "attention_mask": [1, 1, 1, 1, 1, 1, 1, 0, 0]}
+    bert = conisi.PairTemplate(single_pre=1, single_suf=1, pre=(101,), mid=(102,), suf=(102,),
+                               pre_types=(0,), mid_types=(0,), suf_types=(1,), a_type=0, b_type=1,
+                               pad_id=0, use_types=True)
+    Y = conisi.compose_pairs(x, x, bert)
+    assert {k: Y[k][0].tolist() for k in want} == want
+    tok = AutoTokenizer.from_pretrained(str(need_shared("models", "all-MiniLM-L6-v2")))
+    assert conisi.pair_template(tok) == bert
+    x_tok = _batch(tok, ["hello world", "hello there friend"], 5)      # a batch 5 wide
+    assert x_tok["input_ids"][0].tolist() == rows[0] and x_tok["attention_mask"][0].tolist() == rows[1]
+
+
 def test_compose_pairs_roberta_style_template():
     """A <s> a </s></s> b </s> template with one token type, against a per-row loop."""
     tpl = conisi.PairTemplate(single_pre=1, single_suf=1, pre=(0,), mid=(2, 2), suf=(2,),
@@ -447,6 +474,49 @@ def test_forward_is_eq10_over_x_Y_Z(reading, tiny_model, tiny_tok):
     assert abs(mixed - want) > 1e-2 * abs(want)
 
 
+@pytest.mark.parametrize("reading", ["joint", "separate"])
+def test_lam_zero_has_no_path_from_c(reading, tiny_model, tiny_tok, monkeypatch):
+    """Tab. 5's "w/o fine-grained classification loss" (Sec. 4.6: a SimCSE-like model): at lam 0
+    no c_i may reach the loss, whatever --bn says. Every c_i changed (other strategies, or make_c
+    handing back other sentences) leaves the loss and every gradient as they were; Z is neither
+    composed nor encoded (the encoder sees x and Y, N rows each); Y is a BatchNorm batch of its
+    own (the loss is Eq. (3)-(4) on ref_g(x) and ref_g(Y)); W3, in no loss, is frozen, since
+    DDP runs without find_unused_parameters; only the contrastive loss is logged."""
+    tau, n = 0.5, len(SENTS)  # tau 0.5: see test_forward_is_eq10_over_x_Y_Z
+    x, anto = _batch(tiny_tok, SENTS, 16), _batch(tiny_tok, OTHERS, 16)
+
+    def step(strategy, c=None):
+        m = tiny_model(strategy, lam=0.0, tau=tau, bn=reading)
+        m.train()
+        m.encoder.eval()                                               # no dropout: only c differs
+        if c is not None:
+            monkeypatch.setattr(m, "make_c", lambda batch: c)
+        rows = []
+        m.encoder.register_forward_hook(
+            lambda mod, a, kw, out: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        loss, stats = m({"text": x, "anto": anto})
+        loss.backward()
+        grads = {k: p.grad for k, p in m.named_parameters() if p.grad is not None}
+        return m, loss.detach(), stats, grads, list(rows)
+
+    m, loss, stats, grads, rows = step("s")
+    with torch.no_grad():
+        c_x, c_Y = m.cls(x), m.cls(conisi.compose_pairs(x, x, m.tpl))
+        want = loop_contrastive(ref_g(m, c_x), ref_g(m, c_Y), tau)
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+    assert set(stats) == {"loss_contrastive"} and torch.equal(stats["loss_contrastive"], loss)
+    assert rows == [n, n]                                              # x, then Y: no Z
+    assert not m.w3.weight.requires_grad and not m.w3.bias.requires_grad
+    assert [k for k, p in m.named_parameters() if p.requires_grad and p.grad is None
+            and "encoder.pooler" not in k] == []                      # DDP: every weight a gradient
+    others = [step("o1"), step("o2"), step("s", c=anto),
+              step("s", c=_batch(tiny_tok, list(reversed(OTHERS)), 16))]
+    for _, loss_c, _, grads_c, rows_c in others:
+        assert torch.allclose(loss_c, loss, rtol=1e-6, atol=0) and rows_c == [n, n]
+        assert grads_c.keys() == grads.keys()
+        assert all(torch.allclose(grads_c[k], grads[k], rtol=1e-5, atol=1e-9) for k in grads)
+
+
 def test_make_c_per_strategy(tiny_model, tiny_tok):
     x = _batch(tiny_tok, SENTS, 16)
     m = tiny_model("s")
@@ -477,6 +547,13 @@ def test_paper_numbers():
     assert conisi.paper_numbers("o2", 0.0)[0] == {"avg": 77.00}
     assert conisi.paper_numbers("s", 0.5)[0] == {"avg": 78.03}
     assert conisi.paper_numbers("o1", 0.5)[0] is None
+    assert conisi.paper_numbers("s", 1.0) == ({"avg": 67.68}, "paper lam 1")   # Tab. 5, w/o contrastive
+    assert conisi.paper_numbers("s", 0.1, "roberta-base")[0] == {"avg": 77.34}  # Tab. 4/6, Tab. 3's lam
+    assert conisi.paper_numbers("o1", 0.1, "/models/roberta-base")[0] == {"avg": 78.35}
+    assert conisi.paper_numbers("s", 0.8, "roberta-base")[0] is None           # not reported
+    names = {conisi.paper_numbers(s, lam, m)[1] for s in ("s", "o1", "o2") for m in ("bert", "roberta-base")
+             for lam in (0.0, 0.1, 0.5, 0.8, 1.0)}
+    assert max(map(len, names)) <= 14                                   # format_sts_table's column
 
 
 # ------------------------------------------------------------------------------------
@@ -516,6 +593,41 @@ def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir
     ours = common.make_encode(enc, tok, "cls_before_pooler")(sents)   # raw [CLS], Sec. 4.2
     st = SentenceTransformer(str(best), device="cpu").encode(sents, convert_to_numpy=True)
     assert np.abs(ours - st).max() < 1e-5
+
+
+@pytest.mark.parametrize("lam", ["0", "1"])
+def test_end_to_end_tab5_ablations(lam, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
+    """Tab. 5's two rows run end to end: --lam 0 (no Z: only the contrastive loss is logged, and
+    it is the loss) and --lam 1 (the contrastive loss has weight 0 but is still logged)."""
+    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, "--lam", lam)
+    assert f"paper lam {lam}" in capsys.readouterr().out and res["test"] is not None
+    recs = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "loss" in r]
+    assert train and all(math.isfinite(r["loss"]) for r in train)
+    for r in train:
+        if lam == "0":
+            assert "loss_interactive" not in r and "acc_interactive" not in r
+            assert r["loss"] == pytest.approx(r["loss_contrastive"], rel=1e-5)
+        else:
+            assert {"loss_contrastive", "loss_interactive", "acc_interactive"} <= set(r)
+            assert r["loss"] == pytest.approx(r["loss_interactive"], rel=1e-5)
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--tau", "0", r"--tau 0\.0: must be > 0\. The paper uses 0\.05 \(Sec\. 4\.3\)\. .*--tau 0\.05"),
+    ("--lam", "-0.1", r"--lam -0\.1: must be >= 0\. Eq\. \(10\) is a convex combination; the paper tries "
+                      r"0 to 0\.9 \(Tab\. 7\), uses 0\.8 \(BERT-base\), 0\.1 \(RoBERTa-base, BERT-large\)"),
+    ("--lam", "1.5", r"--lam 1\.5: must be <= 1\. Eq\. \(10\) is a convex combination.*--lam 0\.8"),
+    ("--dropout", "1", r"--dropout 1\.0: must be < 1\. The paper uses 0\.1 \(Sec\. 4\.3\)"),
+    ("--replace_share", "1.5", r"--replace_share 1\.5: must be <= 1\. A share; the paper gives none"),
+    ("--random_share", "-1", r"--random_share -1\.0: must be >= 0\. A probability; the paper uses 0\.8 "
+                             r"\(Sec\. 3\.2\.1\)"),
+])
+def test_range_errors_give_the_papers_values(flag, value, msg, tiny_bert, wiki_head, sts_dir, tmp_path,
+                                             cache_dir):
+    with pytest.raises(UserError, match=msg):
+        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, flag, value)
+    assert not (tmp_path / "run").exists()                            # refused before writing
 
 
 def test_user_errors(tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, monkeypatch):
