@@ -333,6 +333,9 @@ TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtur
     "rcl": ["rcl.py", "--data", "{wiki_head}", "--phi", "0.01", "0.02"],
     # ablations that switch parts off: no trainable weight may go without a gradient under DDP
     "conisi_lam0": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16", "--lam", "0"],
+    "conisi_lam1": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16", "--lam", "1"],
+    "simcse_first_last": ["simcse.py", "--data", "{wiki_head}", "--pooler", "avg_first_last"],
+    "simcse_no_mlp": ["simcse.py", "--data", "{wiki_head}", "--no_mlp"],
     "ifcl_simcse_row": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_model", "unused",
                         "--no_fraternal", "--no_queue"],
     "ifcl_train_embeddings": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data",
