@@ -1128,6 +1128,37 @@ def make_step(model: nn.Module, params: list, opt, sched, device: torch.device, 
 # The loop: start (checks, the run folder), train (batch, step, log, evaluate, checkpoint)
 # =====================================================================================
 
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
+    """Take the run folder for this process (hold_run_folder: a second process stops here), and
+    refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
+    out = Path(output_dir)
+    new = not out.exists()
+    hold_run_folder(out)
+    recover_dir(out / "best")
+    recover_dir(out / "last")
+    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
+    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
+        error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
+                          f"choose another --output_dir (or delete the folder) to start afresh.")
+    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
+    elif resume and not (out / "last" / "state.pt").exists() and not started:
+        error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
+                          f"--resume to start, or point --output_dir at the earlier run.")
+    else:
+        return out
+    if new:                                         # the folder this call made for its lock
+        release_run_folders(out)
+        shutil.rmtree(out, ignore_errors=True)
+    raise error
+
+
 def start(args: TrainArgs) -> torch.device:
     """What every script does before it loads a model: torchrun's process group; every flag,
     then every file, checked before anything is written (the default data downloaded first, on
@@ -1161,37 +1192,6 @@ def start(args: TrainArgs) -> torch.device:
         write_text_atomic(out / "run.json", json.dumps({"script": script}, indent=2))
     barrier()
     return device
-
-
-def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Take the run folder for this process (hold_run_folder: a second process stops here), and
-    refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
-    out = Path(output_dir)
-    new = not out.exists()
-    hold_run_folder(out)
-    recover_dir(out / "best")
-    recover_dir(out / "last")
-    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
-    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
-        error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                          f"choose another --output_dir (or delete the folder) to start afresh.")
-    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
-    elif resume and not (out / "last" / "state.pt").exists() and not started:
-        error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
-                          f"--resume to start, or point --output_dir at the earlier run.")
-    else:
-        return out
-    if new:                                         # the folder this call made for its lock
-        release_run_folders(out)
-        shutil.rmtree(out, ignore_errors=True)
-    raise error
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
 
 
 class Meter:
@@ -1308,6 +1308,17 @@ class RunFolder:
         return st
 
 
+def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
+                 paper_name: str) -> dict:
+    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
+    beside the paper's numbers and store the results (and the pooler: tools/compare.py labels
+    the run with it) in the checkpoint folder."""
+    res = evaluate_encoder(str(best_dir), pooler, sts_dir)
+    print(format_sts_table(res, paper, paper_name))
+    write_text_atomic(best_dir / "test_metrics.json", json.dumps({**res, "pooler": pooler}, indent=2))
+    return res
+
+
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
           pooler: str, mlp: nn.Module | None = None, output_dir: str | Path | None = None,
           paper: dict | None = None, paper_name: str = "paper", log_extra: Callable[[], dict] | None = None,
@@ -1370,17 +1381,6 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name)
     barrier()
     return result
-
-
-def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
-                 paper_name: str) -> dict:
-    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
-    beside the paper's numbers and store the results (and the pooler: tools/compare.py labels
-    the run with it) in the checkpoint folder."""
-    res = evaluate_encoder(str(best_dir), pooler, sts_dir)
-    print(format_sts_table(res, paper, paper_name))
-    write_text_atomic(best_dir / "test_metrics.json", json.dumps({**res, "pooler": pooler}, indent=2))
-    return res
 
 
 # =====================================================================================

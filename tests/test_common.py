@@ -459,3 +459,34 @@ def test_ctrl_c_says_how_to_continue(capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, [])
     assert e.value.code == 130 and "--resume" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the house
+
+
+def test_common_reads_top_down_and_imports_nothing_of_the_project():
+    """Each definition of common.py uses only what stands above it (the reading order is the
+    order of dependence), and common imports no script and no tool: arrows run one way."""
+    import ast
+    from conftest import ROOT
+    tree = ast.parse((ROOT / "common.py").read_text(encoding="utf-8"))
+    defined: dict[str, int] = {}
+    for node in tree.body:
+        targets = [node] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            [t for a in (node.targets if isinstance(node, ast.Assign) else []) for t in ast.walk(a)]
+        for t in targets:
+            name = getattr(t, "name", None) or getattr(t, "id", None)
+            if name:
+                defined.setdefault(name, node.lineno)
+    later = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            local = {a.arg for f in ast.walk(node) if isinstance(f, (ast.FunctionDef, ast.Lambda))
+                     for a in f.args.args + f.args.kwonlyargs}
+            later += [f"{node.name} uses {n.id}" for n in ast.walk(node) if isinstance(n, ast.Name)
+                      and n.id not in local and defined.get(n.id, 0) > node.lineno]
+    assert later == []
+    project = {p.stem for p in ROOT.glob("*.py")} | {"tools"}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} \
+        | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & project
