@@ -791,16 +791,14 @@ def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[s
     return evaluate_sts(make_encode(enc, tok, pooler, mlp, batch_size), sts_dir, tasks=tasks, split=split)
 
 
-def format_sts_table(res: dict, paper: dict | None = None, paper_name: str = "paper") -> str:
-    """The 7-task table, with a row of the paper's numbers beside ours when given."""
+def format_sts_table(res: dict, paper: tuple[str, dict] | None = None) -> str:
+    """The 7-task table, with the paper's row, paper = (name, {task: figure}), beside ours."""
     tasks = [t for t in STS_TASKS if t in res]
-    head = f"{'':14s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"
-    lines = [head, f"{'this run':14s}" + "".join(f"{res[t]['spearman']:8.2f}" for t in tasks)
-             + f"{res['avg']:8.2f}"]
-    if paper:
-        lines.append(f"{paper_name[:14]:14s}" + "".join(
-            f"{paper[t]:8.2f}" if t in paper else f"{'-':>8s}" for t in tasks)
-            + (f"{paper['avg']:8.2f}" if "avg" in paper else f"{'-':>8s}"))
+    w = max(10, len(paper[0]) if paper else 0) + 2
+    rows = [("this run", {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]})] + ([paper] if paper else [])
+    lines = [f"{'':{w}s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"]
+    lines += [f"{name:{w}s}" + "".join(f"{fig[t]:8.2f}" if t in fig else f"{'-':>8s}" for t in tasks + ["avg"])
+              for name, fig in rows]
     lines.append("Spearman x100 of cosine similarity; STS12-16 report 'all' (one correlation over "
                  "each task's pairs); STS-B and SICK-R on their test sets.")
     return "\n".join(lines)
@@ -1308,29 +1306,27 @@ class RunFolder:
         return st
 
 
-def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: dict | None,
-                 paper_name: str) -> dict:
+def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: tuple[str, dict] | None) -> dict:
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
     beside the paper's numbers and store the results (and the pooler: tools/compare.py labels
     the run with it) in the checkpoint folder."""
     res = evaluate_encoder(str(best_dir), pooler, sts_dir)
-    print(format_sts_table(res, paper, paper_name))
+    print(format_sts_table(res, paper))
     write_text_atomic(best_dir / "test_metrics.json", json.dumps({**res, "pooler": pooler}, indent=2))
     return res
 
 
-def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, encoder: nn.Module,
-          pooler: str, mlp: nn.Module | None = None, output_dir: str | Path | None = None,
-          paper: dict | None = None, paper_name: str = "paper", log_extra: Callable[[], dict] | None = None,
-          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True,
-          stop_every: int | None = None) -> dict:
-    """Train `model` on `data`, keeping the best `encoder` (+ `mlp` for the `cls` pooler) by STS-B
-    dev. model(batch) -> loss or (loss, {name: 0-dim tensor} to log); batch = {column:
-    {"input_ids": (B, L), "attention_mask": (B, L)}}. should_stop(step, mean loss since its last
-    call), every `stop_every` steps (default: at evaluations), ends training when True: the run
-    is evaluated and checkpointed at that step. -> {"best_dev", "best_step", "steps",
-    "stopped_early", "last_dev", "test"}"""
-    out, (rank, world_size), device = Path(output_dir or args.output_dir), world(), next(model.parameters()).device
+def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
+          paper: tuple[str, dict] | None = None, log_extra: Callable[[], dict] | None = None,
+          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True) -> dict:
+    """Train `model` on `data` into --output_dir, keeping the best model.encoder (and model.mlp,
+    for the `cls` pooler) by STS-B dev; at the end, the 7 tasks beside `paper` = (name, figures).
+    model(batch) -> loss or (loss, {name: 0-dim tensor} to log); batch = {column: {"input_ids":
+    (B, L), "attention_mask": (B, L)}}. should_stop(step, mean loss since its last call), every
+    should_stop.every steps (default: at evaluations), ends training when True: the run is then
+    evaluated and checkpointed at that step. -> {"best_dev", "best_step", "steps", "total", ...}"""
+    out, (rank, world_size), device = Path(args.output_dir), world(), next(model.parameters()).device
+    encoder, mlp = model.encoder, getattr(model, "mlp", None) if pooler == "cls" else None
     n = len(next(iter(data.values())))
     # the epochs, or --max_steps if it is given and shorter (or if --epochs is 0)
     total = min(s for s in (n // args.batch_size * args.epochs, args.max_steps) if s > 0)
@@ -1354,7 +1350,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         step += 1
         meter.add(loss, stats)
         bar.update(1)
-        if should_stop is not None and (step % (stop_every or args.eval_every) == 0 or step == total) \
+        if should_stop is not None and (step % getattr(should_stop, "every", args.eval_every) == 0 or step == total) \
                 and should_stop(step, meter.loss_since_check()):
             stopped = "early"
         evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
@@ -1375,10 +1371,10 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
         raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
-    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "test": None,
+    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total, "test": None,
               "stopped_early": stopped == "early" and step < total, "last_dev": (run.last or {}).get("stsb_dev")}
     if final_eval and rank == 0:
-        result["test"] = final_report(out / "best", args.sts_dir, pooler, paper, paper_name)
+        result["test"] = final_report(out / "best", args.sts_dir, pooler, paper)
     barrier()
     return result
 

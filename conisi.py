@@ -492,8 +492,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     paper, name = paper_numbers(args.strategy, args.lam, args.model)
     # Sec. 4.2: evaluation and the saved model use the raw [CLS] of the single sentence
-    return common.train(args, model, data, tokenizer, encoder, pooler="cls_before_pooler",
-                        paper=paper, paper_name=name)
+    return common.train(args, model, data, tokenizer, "cls_before_pooler", paper=(name, paper) if paper else None)
 
 
 if __name__ == "__main__":

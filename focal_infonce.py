@@ -197,8 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     mlp = model.mlp if args.pooler == "cls" else None
     # paper Tab. 3: alignment and uniformity on STS-B, logged with every evaluation
     encode = common.make_encode(encoder, tokenizer, args.pooler, mlp)
-    return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, mlp=mlp,
-                        paper=PAPER, paper_name="Focal paper",
+    return common.train(args, model, data, tokenizer, args.pooler, paper=("Focal paper", PAPER),
                         log_extra=lambda: common.alignment_uniformity(encode, args.sts_dir))
 
 

@@ -677,8 +677,7 @@ def main(argv: list[str] | None = None) -> dict | Path:
                                        desc="tokenizing fraternal")
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
-    return common.train(args, model, data, tokenizer, encoder, pooler="avg",
-                        paper=PAPER, paper_name="IFCL paper")
+    return common.train(args, model, data, tokenizer, "avg", paper=("IFCL paper", PAPER))
 
 
 if __name__ == "__main__":

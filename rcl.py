@@ -7,9 +7,10 @@ What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
   - stage 1: one "entropy model" per phi, trained from the same checkpoint with the contrastive
     loss plus phi times -sum_{j != i} s_ij log s_ij (Eq. 2), s_i being row i's softmax over all
     columns (its positive and any hard negatives included): only the entropy sum skips j = i;
+    stopped early once its loss stops falling; the weights it stops with regulate stage 2;
   - stage 2: the final model, again from the original checkpoint, with the contrastive loss plus
     two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
-    embeddings of the same sentences against the batch (Eq. 3).
+    embeddings of the same sentences against the batch (Eq. 3; no hard negatives).
 
 Run:
   python rcl.py     # paper form: nli-roberta-base-v2 (SRoBERTa-base), SimCSE's NLI triplets, 4 phis
@@ -18,31 +19,37 @@ Run:
                     # the small real testbed (unsupervised form: two dropout views, README)
   python rcl.py --model <tiny model dir> --data ../shared/data/nli_sample.csv --phi 0.01 0.02 \
       --max_steps 4 --eval_every 2 --batch_size 8      # a quick CPU run of both stages
-  python rcl.py --phi 0.01 0.02                      # an ablation (Tab. 4: 4 regulators) is a flag
   python rcl.py --resume                             # a restart reuses the finished entropy models
+The paper's ablation rows (README.md maps every row to its command):
+  python rcl.py --phi 0.01                           # Tab. 4: 2 regulators; 0.01 0.02: 4; ... (default: 8)
+  python common.py eval --model sentence-transformers/nli-roberta-base-v2 --pooler avg
+                                                     # Tab. 4 "0 (No phi)", 81.29: the UNTRAINED SRoBERTa
+  python common.py eval --model runs/rcl/entropy_phi0.01/end --pooler avg   # Tab. 5: an entropy model
+  python rcl.py --phi                                # ours, not a paper row: the contrastive term alone
+  python rcl.py --phi 0 0.01                         # ours: a phi = 0 model, the control for phi's effect
 
 Measured numbers: README.md, "Results" (the MiniLM testbed, unsupervised form; the NLI form
 can only be smoke-tested here). The SRoBERTa-base recipe prints the paper's Tab. 3 row beside
-yours at the end of a run. The entropy models are saved loadable: score one on the 7 tasks
-(Tab. 5) with `python common.py eval --model <output_dir>/entropy_phi0.01/best --pooler avg`.
+yours at the end of a run. What the log shows of the mechanism: each entropy model's `entropy`
+(the row entropy of Eq. 2, which phi > 0 lowers: Sec. 3 "enhance the certainty") and the
+stage-1 summary (where each model stopped; its row entropy beside the phi = 0 model's); the
+final model's `contrastive` term and each regulator's, `reg_q_phi<phi>` and `reg_ind_phi<phi>`.
 
 Augmented embeddings (Au in Eq. 3) are computed on the fly, under no_grad, by the frozen
-entropy models in eval mode, from the batch the final model sees. Nothing per sentence is
-stored, so memory is bounded by the batch whatever the corpus size (1M sentences included):
-K extra encoders' weights plus K x (2N, d) activations without gradient. Why not a disk
-cache: the paper trains one epoch, so each sentence is embedded exactly once either way and a
-cache (1M x 2 x K x d x 2 bytes = 12 GB for K = 4, d = 768) would save no compute.
+entropy models in eval mode, from the batch the final model sees: memory is bounded by the
+batch whatever the corpus size. A disk cache would save no compute: one epoch embeds each
+sentence once either way (and it would take 12 GB for 1M sentences, K = 4, d = 768).
 
 Under DDP (torchrun): every embedding the losses use (q, ind's positives and hard negatives
-gathered separately so that the positives stay first, and every Au) goes through
-common.gather, so each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen
-entropy models run on each rank's own rows only (no gradient, nothing to synchronise), and
-early stopping reads the mean of the global loss since the previous evaluation, which is the
-same on every rank, so all ranks stop at the same evaluation. Markers are written by rank 0.
+gathered apart so that the positives stay first, and every Au) goes through common.gather, so
+each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen entropy models run on
+each rank's own rows. Early stopping reads the mean of the global loss, the same on every
+rank, so all ranks stop at the same step. Markers are written by rank 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -70,19 +77,35 @@ class Args(common.TrainArgs):
                     "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
     model: str = arg("sentence-transformers/nli-roberta-base-v2", "hub name or local folder of the "
                      "encoder; both stages start from it", "paper App. A")
-    output_dir: str = arg("runs/rcl", "run folder: entropy_phi<phi>/ per entropy model, then the "
-                          "final model's args.json, metrics.jsonl, best/, last/")
+    output_dir: str = arg("runs/rcl", "run folder: entropy_phi<phi>/ per entropy model (end/, best/), "
+                          "then the final model's args.json, metrics.jsonl, best/, last/")
     lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0 (SimCSE's RoBERTa-base value; "
                     "the paper gives none)", "ours", gt=0)
-    eval_every: int = arg(0, "steps between STS-B dev evaluations (0 = every 10%% of an epoch)",
-                          "paper App. A", ge=0)
+    eval_every: int = arg(0, "steps between STS-B dev evaluations (0 = every 10%% of an epoch, "
+                          "resolved before args.json is written)", "paper App. A", ge=0)
     resume: bool = arg(False, "continue the run in --output_dir: finished entropy models are reused")
     phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
                            "model per value (negative values allowed, Algorithm 1)", "paper App. A")
-    tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours", gt=0)
-    patience: int = arg(3, "stop an entropy model when its mean training loss between two STS-B "
-                        "dev evaluations has not decreased for this many evaluations (0 = no "
-                        "early stopping)", "paper App. A", ge=0)
+    tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours", gt=0,
+                     note="The paper's equations have no temperature; ours is 0.05 (SimCSE's).")
+    patience: int = arg(3, "stop an entropy model once its mean training loss has not decreased for "
+                        "this many checks (0 = no early stopping)", "paper App. A", ge=0)
+    # NOTE(ours): App. A stops "if the loss doesn't decrease within 3 steps" and says training
+    # "will converge quickly". One batch's loss is noise, so a check compares means over an
+    # interval; at the 10%-of-an-epoch evaluations the earliest stop would be at 40% of the
+    # epoch. 50 steps: on SimCSE's NLI triplets (275,601; 4,306 steps an epoch at batch 64) a
+    # check every 1.2% of the epoch, the earliest stop at 4 checks = 4.6% of it
+    stop_every: int = arg(50, "steps between the early-stopping checks of an entropy model (each "
+                          "compares the mean training loss of these steps)", "ours", ge=1)
+    # NOTE(ours): the paper does not say which weights of an entropy model regulate; Algorithm 1
+    # uses the model stage 1 ends with. The best STS-B dev checkpoint tends to be the one nearest
+    # the start (Tab. 5: entropy models score below it), working against what stage 1 is for
+    regulate_with: str = arg("end", "which weights of each entropy model stage 2 uses: end = those its "
+                             "training stopped with (early stop or the last step), best = its best "
+                             "STS-B dev checkpoint", "paper Algorithm 1", choices=["end", "best"])
+    final_hard_negatives: bool = arg(False, "give the final model the CSV's hard negatives too (Eq. 3 "
+                                     "has none; App. A names them for the entropy models only)",
+                                     "paper App. A")
     pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
                       "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
 
@@ -90,11 +113,6 @@ class Args(common.TrainArgs):
         if len({f"{p:g}" for p in self.phi}) != len(self.phi):
             raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
                             f"model; give every value once.")
-
-    def check(self) -> None:
-        super().check()
-        if self.eval_every == 0:  # App. A: every 10% of an epoch; resolved here, so args.json has it
-            self.eval_every = max(1, common.data_rows(self.data) // self.batch_size // 10)
 
 
 # Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
@@ -139,29 +157,36 @@ def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> 
 
 
 @common.fp32
-def regularized_loss(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tensor],
-                     aug_ind: list[torch.Tensor], tau: float) -> torch.Tensor:
-    """Eq. (3), the final model's objective: the contrastive term plus, for every entropy
-    model n, a regulator pairing q_i with Au_q_i^n and one pairing ind_i with Au_ind_i^n, each
-    a cross-entropy over the batch. aug_q[n], aug_ind[n]: (N, d) from the frozen entropy model n.
-    NOTE(ours): Eq. (3)'s first numerator reads cos(q_i, ind_j); the positive ind_i is meant."""
+def regulator_terms(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tensor],
+                    aug_ind: list[torch.Tensor], tau: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The regulators of Eq. (3), a pair per entropy model n (aug_q[n], aug_ind[n]: (N, d)): q_i
+    against Au_q_i^n and ind_i against Au_ind_i^n, each a cross-entropy over the batch (0-dim).
+    NOTE(ours): the regulators use the N positives of ind only, not the hard negatives."""
     if len(aug_q) != len(aug_ind):
         raise ValueError(f"{len(aug_q)} aug_q tensors but {len(aug_ind)} aug_ind tensors")
     n = q.shape[0]
     labels = torch.arange(n, device=q.device)                                 # (N,)
-    # Eq. (3), first term: -log e^{cos(q_i, ind_i)/tau} / sum_k e^{cos(q_i, ind_k)/tau}
-    loss = contrastive_loss(q, ind, tau)                                      # ()
-    q_n = F.normalize(q, dim=-1)                                              # (N, d)
-    # NOTE(ours): the regulators use the N positives only, not the hard negatives
-    ind_n = F.normalize(ind[:n], dim=-1)                                      # (N, d)
+    q_n, ind_n = F.normalize(q, dim=-1), F.normalize(ind[:n], dim=-1)         # (N, d), (N, d)
+    terms = []
     for au_q, au_ind in zip(aug_q, aug_ind):
         sim_q = q_n @ F.normalize(au_q, dim=-1).T                             # (N, N)
         sim_ind = ind_n @ F.normalize(au_ind, dim=-1).T                       # (N, N)
         # Eq. (3), regulators: -log e^{cos(q_i, Au_q_i^n)/tau} / sum_k e^{cos(q_i, Au_q_k^n)/tau}
         #                      -log e^{cos(ind_i, Au_ind_i^n)/tau} / sum_k e^{cos(ind_i, Au_ind_k^n)/tau}
-        loss = loss + F.cross_entropy(sim_q / tau, labels) \
-            + F.cross_entropy(sim_ind / tau, labels)                          # ()
-    return loss                                                               # ()
+        terms.append((F.cross_entropy(sim_q / tau, labels), F.cross_entropy(sim_ind / tau, labels)))
+    return terms
+
+
+@common.fp32
+def regularized_loss(q: torch.Tensor, ind: torch.Tensor, aug_q: list[torch.Tensor],
+                     aug_ind: list[torch.Tensor], tau: float) -> torch.Tensor:
+    """Eq. (3), the final model's objective: the contrastive term plus, for every entropy model,
+    its two regulators. NOTE(ours): Eq. (3)'s first numerator reads cos(q_i, ind_j): ind_i is meant."""
+    # Eq. (3), first term: -log e^{cos(q_i, ind_i)/tau} / sum_k e^{cos(q_i, ind_k)/tau}
+    loss = contrastive_loss(q, ind, tau)                                      # ()
+    for t_q, t_ind in regulator_terms(q, ind, aug_q, aug_ind, tau):          # + the regulators of each n
+        loss = loss + t_q + t_ind                                             # ()
+    return loss
 
 
 @common.fp32
@@ -174,19 +199,16 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class EarlyStop:
-    """App. A: stop an entropy model once its loss has not decreased for `patience` evaluations.
-    common.train calls it at each STS-B dev evaluation (every 10% of the data by default) with
-    the mean training loss over the steps since the previous evaluation.
-    NOTE(ours): the paper's "3 steps" read as 3 evaluations (as HF's EarlyStoppingCallback counts
-    patience): one batch's loss is noise, and 3 batches without a new low stop a model after
-    about 6 steps, a near-copy of its start.
-    NOTE(ours): the loss is the interval's mean training loss, not a loss on held-out pairs: no
-    data is set aside and no extra pass is run, and a mean over 10% of the data is far less
-    noisy than one batch.
-    Stage 2 uses the entropy model's best checkpoint by STS-B dev, not its last."""
+    """App. A: stop an entropy model once its loss has not decreased for `patience` checks.
+    common.train calls it every `every` steps (--stop_every) with the mean training loss over
+    those steps, and keeps its state in last/, so a resumed entropy model keeps counting.
+    NOTE(ours): the paper's "3 steps" read as 3 checks (as HF's EarlyStoppingCallback counts
+    patience): one batch's loss is noise, and 3 batches without a new low would stop a model
+    after about 6 steps, a near-copy of its start. The loss is the interval's mean training
+    loss, not one on held-out pairs: no data set aside, no extra pass."""
 
-    def __init__(self, patience: int):
-        self.patience, self.best, self.since = patience, math.inf, 0
+    def __init__(self, patience: int, every: int):
+        self.patience, self.every, self.best, self.since = patience, every, math.inf, 0
 
     def __call__(self, step: int, loss: float) -> bool:
         if loss < self.best:
@@ -195,7 +217,6 @@ class EarlyStop:
             self.since += 1
         return self.since >= self.patience
 
-    # common.train keeps this in the run's checkpoint: a resumed entropy model keeps counting
     def state_dict(self) -> dict:
         return {"best": self.best, "since": self.since}
 
@@ -203,8 +224,8 @@ class EarlyStop:
         self.best, self.since = state["best"], state["since"]
 
 
-def early_stop(patience: int) -> EarlyStop | None:
-    return EarlyStop(patience) if patience > 0 else None
+def early_stop(patience: int, every: int) -> EarlyStop | None:
+    return EarlyStop(patience, every) if patience > 0 else None
 
 
 # =====================================================================================
@@ -248,9 +269,11 @@ class EntropyModel(nn.Module):
 class RCL(nn.Module):
     """Stage 2: the encoder trained with Eq. (3); Au comes from the frozen entropy models."""
 
-    def __init__(self, encoder: nn.Module, pooler: str, tau: float, entropy_encoders: list[nn.Module]):
+    def __init__(self, encoder: nn.Module, pooler: str, tau: float, entropy_encoders: list[nn.Module],
+                 phis: list[float] | None = None):
         super().__init__()
         self.encoder, self.pooler, self.tau = encoder, pooler, tau
+        self.phis = phis if phis is not None else list(range(len(entropy_encoders)))  # log names
         # A plain list on purpose: not submodules, so they stay out of state_dict (the
         # checkpoint keeps one model; they are reloaded from entropy_phi*/best), out of the
         # optimizer and DDP, and model.train() cannot switch their dropout on.
@@ -276,9 +299,12 @@ class RCL(nn.Module):
         q, ind = query_index(self.encoder, self.pooler, batch)                # (N, d), (M, d)
         aug_q, aug_ind = self.augment(batch)                                  # K x (N, d) each
         loss = regularized_loss(q, ind, aug_q, aug_ind, self.tau)             # ()
-        with torch.no_grad():
-            plain = contrastive_loss(q, ind, self.tau)                        # ()
-        return loss, {"contrastive": plain, "regulators": loss.detach() - plain}
+        with torch.no_grad():      # for the log: each term of Eq. (3) apart
+            stats = {"contrastive": contrastive_loss(q, ind, self.tau)}       # ()
+            stats["regulators"] = loss.detach() - stats["contrastive"]        # ()
+            for phi, (t_q, t_ind) in zip(self.phis, regulator_terms(q, ind, aug_q, aug_ind, self.tau)):
+                stats[f"reg_q_phi{phi:g}"], stats[f"reg_ind_phi{phi:g}"] = t_q, t_ind   # (), ()
+        return loss, stats
 
 
 # =====================================================================================
@@ -314,11 +340,8 @@ def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.dev
     with dropout on as in training and the same dropout draw both times: the same batch and the
     same masks, so start -> end differs only by the weights (the first training record would mix
     in --log_every steps of training and other batches). The global RNG is left as it was."""
-    rank, world_size = common.world()
-    local_bs = args.batch_size // world_size
-    n = len(next(iter(data.values())))
-    idx = common.batch_plan(n, args.batch_size, args.seed, 0)[0, rank * local_bs:(rank + 1) * local_bs]
-    batch = common.device_batch(data, idx, None, device)
+    first = common.batch_plan(len(next(iter(data.values()))), args.batch_size, args.seed, 0)[0]
+    batch = common.device_batch(data, common.local_rows(first), None, device)
     was_training = model.training
     model.train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -331,12 +354,14 @@ def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.dev
 
 def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device,
                         start_figures: dict | None = None) -> dict:
-    """Stage 1 for one phi, from the original checkpoint, into `folder`; DONE.json at the end,
-    with the figures of the summary. `start_figures` caches the starting checkpoint's row
-    entropy and STS-B dev (the same for every phi): measured here on first use."""
+    """Stage 1 for one phi, from the original checkpoint, into `folder`: training (stopped early
+    when the loss stops falling), end/ = the weights it stopped with, then DONE.json with the
+    figures of the summary, for both end/ and best/. `start_figures` caches the starting
+    checkpoint's row entropy and STS-B dev (the same for every phi): measured on first use."""
     main_proc = common.world()[0] == 0
     if main_proc and folder.exists():
-        common.recover_dir(folder / "best")  # what a kill during a checkpoint's commit left
+        for kept in ("best", "end"):
+            common.recover_dir(folder / kept)  # what a kill during a checkpoint's commit left
         if not (common.recover_dir(folder / "last") / "state.pt").exists():
             shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
     common.barrier()
@@ -351,22 +376,29 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
             dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
                                       args.sts_dir, split="dev")
             at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
-    res = common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, output_dir=folder,
-                       should_stop=early_stop(args.patience), final_eval=False)
-    entropy_end = probe_entropy(model, data, args, device)   # the weights training ended with
+    # a stop is evaluated and checkpointed at its step: last/ and last_dev are of the weights at the stop
+    res = common.train(dataclasses.replace(args, output_dir=str(folder)), model, data, tokenizer, args.pooler,
+                       should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
     if main_proc:
-        rec = {**marker_record(args, phi), "steps": res["steps"],
-               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
-               "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
-               "dev_end": res["last_dev"], "entropy_start": at_start["entropy_start"],
-               "entropy_end": entropy_end}
-        print(f"entropy model phi={phi:g}: {rec['steps']} steps"
-              f"{' (stopped early)' if rec['stopped_early'] else ''}, row entropy "
-              f"{rec['entropy_start']:.4f} -> {entropy_end:.4f}, STS-B dev {_num(rec['dev_start'], '.2f')} "
-              f"-> best {rec['best_dev']:.2f} (step {rec['best_step']}) / end {_num(rec['dev_end'], '.2f')}")
+        common.save_pretrained_dir(folder / "end", encoder, tokenizer, args.pooler)
+    common.barrier()
+    _, best = common.load_encoder(str(folder / "best"))
+    entropy = {"entropy_end": probe_entropy(model, data, args, device),
+               "entropy_best": probe_entropy(EntropyModel(best, args.pooler, phi, args.tau).to(device),
+                                             data, args, device)}
+    if main_proc:
+        rec = {**marker_record(args, phi), "steps": res["steps"], "total": res["total"],
+               "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
+               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"], "best_step": res["best_step"],
+               "dev_start": at_start.get("dev_start"), "dev_end": res["last_dev"],
+               "entropy_start": at_start["entropy_start"], **entropy}
+        entropy, dev = regulating(rec, args.regulate_with)
+        print(f"entropy model phi={phi:g}: {where_stopped(rec)}; its {args.regulate_with}/ weights, which "
+              f"regulate: row entropy {rec['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
+              f"{_num(rec['dev_start'], '.2f')} -> {dev:.2f}")
         common.write_text_atomic(folder / DONE, json.dumps(rec, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
-        # unfinished entropy model; once DONE.json exists, best/ is all stage 2 reads
+        # unfinished entropy model; once DONE.json exists, stage 2 reads end/ or best/
         shutil.rmtree(folder / "last", ignore_errors=True)
     common.barrier()
     return res
@@ -376,64 +408,83 @@ def _num(x, spec: str) -> str:
     return "?" if x is None else format(x, spec)  # "?": a DONE.json written before the figure was
 
 
-def summary_row(rec: dict) -> str:
-    """One entropy model's line of the stage-1 summary, from its DONE.json record."""
-    stopped = {True: "yes", False: "no"}.get(rec.get("stopped_early"), "?")
-    return (f"{rec['phi']:>7g}  {rec['steps']:>6}  {stopped:>13}  "
-            f"{_num(rec.get('entropy_start'), '.4f'):>10} -> {_num(rec.get('entropy_end'), '.4f'):<10}  "
-            f"{_num(rec.get('dev_start'), '.2f'):>6} -> {_num(rec['best_dev'], '.2f')} "
-            f"(step {rec['best_step']}) / {_num(rec.get('dev_end'), '.2f')}")
+def regulating(rec: dict, which: str) -> tuple[float | None, float | None]:
+    """(row entropy, STS-B dev) of an entropy model's end/ or best/ weights, from its DONE.json."""
+    return rec.get(f"entropy_{which}"), rec.get("dev_end" if which == "end" else "best_dev")
 
 
-def summary_table(records: list[dict]) -> str:
-    """The stage-1 summary: what each entropy model trained and how far it moved from the start."""
-    head = (f"{'phi':>7}  {'steps':>6}  {'stopped early':>13}  {'row entropy start -> end':<24}  "
-            f"STS-B dev start -> best (step) / end")
-    return "\n".join(["Stage 1, entropy models (row entropy: Eq. 2's term on the first training "
-                      "batch, no grad; STS-B dev: Spearman x 100)", head]
-                     + [summary_row(r) for r in records])
+def where_stopped(rec: dict) -> str:
+    """'stopped early at step 350 of 4306 (8% of an epoch)', or 'trained its 4306 steps'."""
+    if not rec.get("stopped_early"):
+        return f"trained its {rec['steps']} steps"
+    share = f" ({100 * rec['steps'] / rec['epoch_steps']:.0f}% of an epoch)" if rec.get("epoch_steps") else ""
+    return f"stopped early at step {rec['steps']} of {rec.get('total', '?')}{share}"
+
+
+def summary_table(records: list[dict], regulate_with: str = "end") -> str:
+    """The stage-1 summary: where each entropy model stopped, and how far the weights that
+    regulate (`regulate_with`) moved from the start: row entropy (beside the phi = 0 model's,
+    when there is one: the control for what phi does) and STS-B dev."""
+    zero = next((regulating(r, regulate_with)[0] for r in records if r["phi"] == 0), None)
+    lines = [f"Stage 1, entropy models; the figures are of the weights that regulate ({regulate_with}/): "
+             f"row entropy = Eq. 2's term on the first training batch, no grad; STS-B dev x 100",
+             f"{'phi':>7}  {'row entropy start -> ' + regulate_with:<26}  {'- phi 0':>8}  "
+             f"{'STS-B dev start -> ' + regulate_with:<24}  best (step)  where it stopped"]
+    for r in records:
+        entropy, dev = regulating(r, regulate_with)
+        vs = f"{entropy - zero:+.4f}" if None not in (entropy, zero) else "-"
+        lines.append(f"{r['phi']:>7g}  {_num(r.get('entropy_start'), '.4f'):>10} -> {_num(entropy, '.4f'):<12}"
+                     f"  {vs:>8}  {_num(r.get('dev_start'), '.2f'):>8} -> {_num(dev, '.2f'):<12}  "
+                     f"{_num(r['best_dev'], '.2f')} ({r['best_step']})  {where_stopped(r)}")
+    return "\n".join(lines)
 
 
 def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
     """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained.
-    Prints the summary table of all of them at the end, from their DONE.json."""
-    best_dirs, start_figures = [], {}
+    Prints the summary table of all of them at the end, from their DONE.json. Returns the
+    folders of the weights that regulate (end/ or best/, --regulate_with)."""
+    folders, start_figures = [], {}
     for phi in args.phi:
         folder = entropy_dir(args.output_dir, phi)
-        done = folder / DONE
-        if done.exists():
-            rec = json.loads(done.read_text())
+        if (folder / DONE).exists():
+            rec = json.loads((folder / DONE).read_text())
             want = marker_record(args, phi)
             diff = [k for k in want if k != "seed" and rec.get(k) != want[k]]
             if diff:
                 raise UserError(f"--resume: {folder} was trained with a different "
                                 f"{', '.join(f'--{k} ({rec.get(k)})' for k in diff)}. Use another "
                                 f"--output_dir, or delete {folder} to train it again.")
+            if not (folder / args.regulate_with).is_dir():
+                raise UserError(f"--regulate_with {args.regulate_with}: {folder} has no "
+                                f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {folder} "
+                                f"to train it again, or pass --regulate_with best.")
             if common.world()[0] == 0:
-                print(f"entropy model phi={phi:g}: reusing {folder / 'best'} (finished at step "
-                      f"{rec['steps']}, best STS-B dev {rec['best_dev']:.2f})")
+                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} ({where_stopped(rec)}, "
+                      f"best STS-B dev {rec['best_dev']:.2f})")
                 shutil.rmtree(folder / "last", ignore_errors=True)  # if a kill came before its removal
         else:
             train_entropy_model(args, phi, folder, data, device, start_figures)
-        best_dirs.append(folder / "best")
+        folders.append(folder / args.regulate_with)
     if common.world()[0] == 0:
-        print(summary_table([json.loads((d.parent / DONE).read_text()) for d in best_dirs]))
-    return best_dirs
+        print(summary_table([json.loads((d.parent / DONE).read_text()) for d in folders], args.regulate_with))
+    return folders
 
 
-def load_frozen(best_dir: Path, device: torch.device) -> nn.Module:
+def load_frozen(folder: Path, device: torch.device) -> nn.Module:
     """An entropy model as a regulator: eval mode (no dropout), no gradient."""
-    _, enc = common.load_encoder(str(best_dir), flag=f"entropy model {best_dir}")
+    _, enc = common.load_encoder(str(folder), flag=f"entropy model {folder}")
     return enc.requires_grad_(False).eval().to(device)
 
 
-def train_final(args: Args, data: dict, best_dirs: list[Path], device: torch.device) -> dict:
-    """Stage 2: the final model from the original checkpoint with Eq. (3)."""
+def train_final(args: Args, data: dict, folders: list[Path], device: torch.device) -> dict:
+    """Stage 2: the final model from the original checkpoint with Eq. (3), regulated by the
+    entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
     common.seed_everything(args.seed)
     tokenizer, encoder = common.load_encoder(args.model)
-    model = RCL(encoder, args.pooler, args.tau, [load_frozen(d, device) for d in best_dirs]).to(device)
-    return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler, paper=PAPER,
-                        paper_name="RCL paper")
+    model = RCL(encoder, args.pooler, args.tau, [load_frozen(d, device) for d in folders], args.phi).to(device)
+    # App. A: the final model sees "the positive instances and entailment instances"
+    data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
+    return common.train(args, model, data, tokenizer, args.pooler, paper=("RCL paper", PAPER))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -442,8 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     tokenizer, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
-    best_dirs = entropy_stage(args, data, device)
-    return train_final(args, data, best_dirs, device)
+    return train_final(args, data, entropy_stage(args, data, device), device)
 
 
 if __name__ == "__main__":

@@ -157,10 +157,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp).to(device)
-    return common.train(args, model, data, tokenizer, encoder, pooler=args.pooler,
-                        mlp=model.mlp if args.pooler == "cls" else None,
-                        paper=PAPER["sup" if supervised else "unsup"],
-                        paper_name="SimCSE paper")
+    return common.train(args, model, data, tokenizer, args.pooler,
+                        paper=("SimCSE paper", PAPER["sup" if supervised else "unsup"]))
 
 
 if __name__ == "__main__":

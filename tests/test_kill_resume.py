@@ -251,6 +251,7 @@ def test_simcse_killed_and_resumed_reads_as_one_run(tmp_path, tiny_bert, sentenc
 RCL_KILLS = [
     ("half-record", None, 5),            # phi 0.01: step 4's training record cut in half
     ("before-replace", "last", 1),       # phi 0.01: between the two renames of last/ (step 4)
+    ("before-replace", "end", 1),        # phi 0.01 trained to the end: its end/ not swapped in
     ("before-replace", "DONE.json", 1),  # phi 0.01 trained to the end, not marked finished
     ("after-replace", "DONE.json", 1),   # phi 0.01 marked finished, its last/ not yet removed
     ("before-replace", "best", 1),       # phi 0.02: last/ of step 2 written, best/ not swapped in

@@ -205,26 +205,27 @@ def test_regularized_loss_mismatched_lists():
 # ------------------------------------------------------------------------------------
 
 def test_early_stop_patience():
-    """Patience counted in calls, i.e. evaluations: common.train calls it at each one."""
-    stop = rcl.early_stop(3)
+    """Patience counted in calls, i.e. checks: common.train calls it every `every` steps."""
+    stop = rcl.early_stop(3, 50)
+    assert stop.every == 50
     losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
     fired = [stop(s, l) for s, l in enumerate(losses, 1)]
     # 3.9 at evaluation 5 is the last decrease; 6, 7, 8 do not beat it -> stop at evaluation 8
     assert fired == [False] * 7 + [True]
-    stop = rcl.early_stop(1)
+    stop = rcl.early_stop(1, 50)
     assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
-    assert rcl.early_stop(0) is None
+    assert rcl.early_stop(0, 50) is None
 
 
 def test_early_stop_state_round_trip():
     losses = [5.0, 4.0, 4.5, 4.6, 4.7]
-    a = rcl.early_stop(3)
+    a = rcl.early_stop(3, 10)
     fired = [a(s, l) for s, l in enumerate(losses, 1)]
-    b = rcl.early_stop(3)
+    b = rcl.early_stop(3, 10)
     b.load_state_dict(a.state_dict())
     # 4.0 at evaluation 2 still the best; 3, 4, 5 did not beat it: a and b both fire now
     assert fired[-1] and b(6, 4.8) and a(6, 4.8)
-    fresh = rcl.early_stop(3)
+    fresh = rcl.early_stop(3, 10)
     assert not fresh(6, 4.8)
 
 
@@ -257,12 +258,12 @@ class Scripted(torch.nn.Module):
 def _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, should_stop, **flags):
     args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
                     output_dir=str(out), cache_dir=str(cache_dir), batch_size=8, max_len=16,
-                    max_steps=len(losses), eval_every=10, **flags)
+                    max_steps=len(losses), **{"eval_every": 10, **flags})
     out.mkdir()
     tok, enc = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
-    return common.train(args, Scripted(enc, losses), data, tok, enc, pooler=args.pooler,
-                        should_stop=should_stop, final_eval=False)
+    return common.train(args, Scripted(enc, losses), data, tok, args.pooler, should_stop=should_stop,
+                        final_eval=False)
 
 
 def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
@@ -286,14 +287,14 @@ def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_h
     """Single batches rise for 3 steps right at the start: compared batch by batch (the old
     reading of "3 steps") training stops at step 4; compared as interval means at evaluations
     it trains on while the mean falls, and still stops on a plateau."""
-    old = rcl.early_stop(3)
+    old = rcl.early_stop(3, 10)
     assert next(s for s, l in enumerate(_batches(FALLING), 1) if old(s, l)) == 4
     res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "falling", cache_dir,
-                          _batches(FALLING), rcl.early_stop(3))
+                          _batches(FALLING), rcl.early_stop(3, 10))
     assert res["steps"] == 60 and not res["stopped_early"]
     # interval means 5, 4.9 | 4.9, 4.95, 4.9: three evaluations without a new low -> step 50
     res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "plateau", cache_dir,
-                          _batches(PLATEAU), rcl.early_stop(3))
+                          _batches(PLATEAU), rcl.early_stop(3, 10))
     assert res["steps"] == 50 and res["stopped_early"]
     assert max(r["step"] for r in _records(tmp_path / "plateau" / "metrics.jsonl")) == 50
 
@@ -303,7 +304,7 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wi
     """last/ records that should_stop ended training: a run killed after that checkpoint (before
     RCL writes DONE.json, say) resumes as stopped, and trains no step more."""
     out = tmp_path / "plateau"
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU), rcl.early_stop(3))
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU), rcl.early_stop(3, 10))
     assert res["steps"] == 50 and res["stopped_early"]
     log = (out / "metrics.jsonl").read_text()
     args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
@@ -312,8 +313,7 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wi
     tok, enc = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
     model = Scripted(enc, _batches(PLATEAU))
-    res = common.train(args, model, data, tok, enc, pooler=args.pooler, should_stop=rcl.early_stop(3),
-                       final_eval=False)
+    res = common.train(args, model, data, tok, args.pooler, should_stop=rcl.early_stop(3, 10), final_eval=False)
     assert res["steps"] == 50 and res["stopped_early"] and model.t == 0
     assert (out / "metrics.jsonl").read_text() == log
 
@@ -344,8 +344,8 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_hea
         tok, enc = common.load_encoder(a.model)
         data = common.tokenize_columns(a, tok, common.load_columns(a.data))
         stop = Count()
-        common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, enc,
-                     pooler=a.pooler, should_stop=stop, final_eval=False)
+        common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, a.pooler, should_stop=stop,
+                     final_eval=False)
         counts.append(stop.n)
     assert counts == [2, 3]      # evaluations at steps 2, 4; 2 restored from last/, then step 6
 
@@ -454,12 +454,13 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, 
     # spy on common.train: what each stage starts from
     from safetensors.torch import load_file
     original = load_file(str(Path(tiny_bert) / "model.safetensors"))
-    starts, real_train = [], common.train
+    starts, columns, real_train = [], [], common.train
 
-    def spy(args, model, data, tokenizer, encoder, **kw):
-        same = all(torch.equal(v, original[k]) for k, v in encoder.state_dict().items() if k in original)
+    def spy(args, model, data, tokenizer, pooler, **kw):
+        same = all(torch.equal(v, original[k]) for k, v in model.encoder.state_dict().items() if k in original)
         starts.append((type(model).__name__, same, getattr(model, "entropy_encoders", None)))
-        res = real_train(args, model, data, tokenizer, encoder, **kw)
+        columns.append(sorted(data))
+        res = real_train(args, model, data, tokenizer, pooler, **kw)
         # common.train switches the trained model to train mode; the regulators stay in eval
         assert not any(f.training for f in getattr(model, "entropy_encoders", []))
         return res
@@ -467,15 +468,18 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, 
     monkeypatch.setattr(common, "train", spy)
     res = rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
                                  ["--data", str(nli), "--eval_every", "2", "--patience", "2"]))
-    # every stage starts from --model; stage 2 holds the two entropy models' best weights
+    # every stage starts from --model; stage 2 holds the two entropy models' weights at their stop
+    # (end/, Algorithm 1), by default
     assert [(name, same) for name, same, _ in starts] == [("EntropyModel", True)] * 2 + [("RCL", True)]
     frozen = starts[2][2]
     assert len(frozen) == 2
     for f, phi in zip(frozen, ("0.01", "0.02")):
-        saved = load_file(str(out / f"entropy_phi{phi}" / "best" / "model.safetensors"))
+        saved = load_file(str(out / f"entropy_phi{phi}" / "end" / "model.safetensors"))
         assert all(torch.equal(v, saved[k]) for k, v in f.state_dict().items() if k in saved)
     assert not torch.equal(frozen[0].embeddings.word_embeddings.weight,
                            frozen[1].embeddings.word_embeddings.weight)
+    # the contradictions are hard negatives of the entropy models only (App. A; Eq. 3 has none)
+    assert columns == [["hard_neg", "sent0", "sent1"]] * 2 + [["sent0", "sent1"]]
     # the starting checkpoint's figures, measured as rcl.py says it measures them
     tok, enc = common.load_encoder(str(tiny_bert))
     dev0 = common.evaluate_sts(common.make_encode(enc, tok, "avg"), small_sts, split="dev")
@@ -499,13 +503,20 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, 
         assert done["best_dev"] == max(r["stsb_dev"] for r in recs if "stsb_dev" in r)
         assert done["entropy_start"] == pytest.approx(h0, rel=1e-5)
         assert done["entropy_end"] != pytest.approx(h0, rel=1e-3)      # lr 1e-3: it moved
-        assert (f"entropy model phi={phi}: 3 steps, row entropy {h0:.4f} -> {done['entropy_end']:.4f}"
-                in summary)
-        assert rcl.summary_row(done) in summary
-    assert summary.count("STS-B dev start -> best (step) / end") == 1
+        assert (f"entropy model phi={phi}: trained its 3 steps; its end/ weights, which regulate: row "
+                f"entropy {h0:.4f} -> {done['entropy_end']:.4f}" in summary)
+        assert rcl.summary_table([done]).splitlines()[-1] in summary
+    assert summary.count("STS-B dev start -> end") == 1
     recs = _records(out / "metrics.jsonl")
     assert any("stsb_dev" in r for r in recs)
     assert any("regulators" in r and r["regulators"] > 0 for r in recs)
+    # each regulator's term in the final model's log; together they are the regulators
+    train = [r for r in recs if "loss" in r]
+    terms = [f"reg_{side}_phi{phi}" for phi in ("0.01", "0.02") for side in ("q", "ind")]
+    assert all(set(terms) <= set(r) for r in train)
+    for r in train:
+        assert sum(r[t] for t in terms) == pytest.approx(r["regulators"], rel=1e-4)
+        assert r["loss"] == pytest.approx(r["contrastive"] + r["regulators"], rel=1e-4)
     assert set(common.STS_TASKS) <= set(res["test"])
     _check_best_loads(out / "best", "avg")
 
@@ -534,19 +545,20 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, tmp_pa
                     batch_size=8, max_len=16, max_steps=6, eval_every=2, lr=1e-3, phi=[0.03])
     tok, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
-    monkeypatch.setattr(rcl, "early_stop", lambda patience: lambda step, loss: True)
+    monkeypatch.setattr(rcl, "early_stop", lambda patience, every: lambda step, loss: True)
     rcl.entropy_stage(args, data, torch.device("cpu"))
     done = json.loads((out / "entropy_phi0.03" / rcl.DONE).read_text())
     assert done["steps"] == 2 and done["stopped_early"] is True and done["best_step"] == 2
     assert done["dev_end"] == done["best_dev"]
     assert all(isinstance(done[k], float) for k in ("dev_start", "entropy_start", "entropy_end"))
-    # the weights training ended with are best/'s here (one evaluation): the same probe
-    _, best = common.load_encoder(str(out / "entropy_phi0.03" / "best"))
-    h_end = rcl.probe_entropy(rcl.EntropyModel(best, "avg", 0.03, 0.05), data, args, torch.device("cpu"))
-    assert done["entropy_end"] == pytest.approx(h_end, rel=1e-5)
+    # the weights training stopped with are end/'s (and best/'s here: one evaluation): the same probe
+    for kept in ("end", "best"):
+        _, enc = common.load_encoder(str(out / "entropy_phi0.03" / kept))
+        h = rcl.probe_entropy(rcl.EntropyModel(enc, "avg", 0.03, 0.05), data, args, torch.device("cpu"))
+        assert done[f"entropy_{kept}"] == pytest.approx(h, rel=1e-5)
     first = capsys.readouterr().out
-    row = rcl.summary_row(done)
-    assert "(stopped early)" in first and row in first and " yes " in row
+    row = rcl.summary_table([done]).splitlines()[-1]
+    assert "stopped early at step 2 of 6" in first and row in first and "stopped early at step 2 of 6" in row
 
     monkeypatch.setattr(rcl, "train_entropy_model", lambda *a: pytest.fail("retrained"))
     monkeypatch.setattr(rcl, "probe_entropy", lambda *a: pytest.fail("measured again"))
@@ -561,9 +573,9 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir
     flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", nli, "--eval_every", "3"])
     real_train = common.train
 
-    def killed(args, model, *a, output_dir=None, **k):
-        res = real_train(args, model, *a, output_dir=output_dir, **k)
-        if Path(output_dir).name == "entropy_phi0.02":  # after its last checkpoint, before DONE.json
+    def killed(args, model, *a, **k):
+        res = real_train(args, model, *a, **k)
+        if Path(args.output_dir).name == "entropy_phi0.02":  # after its last checkpoint, before DONE.json
             raise KeyboardInterrupt("killed")
         return res
 
@@ -614,3 +626,115 @@ def test_bad_flags(tiny_bert, sts_dir, tmp_path, cache_dir):
     with pytest.raises(common.UserError, match="--batch_size"):
         rcl.main(base + ["--output_dir", str(tmp_path / "e"), "--data",
                          str(need_shared("data", "nli_sample.csv")), "--batch_size", "5000"])
+
+
+# ------------------------------------------------------------------------------------
+# What the review of the paper's rows changed: the stop, the regulating weights, stage 2
+# ------------------------------------------------------------------------------------
+
+def test_regulator_terms_match_loop():
+    """Each regulator of Eq. (3) on its own, against the per-row loop; their sum is Eq. (3)
+    less its contrastive term."""
+    n, d, tau = 5, 6, 0.1
+    q, ind = _rand(n, d, seed=80), _rand(2 * n, d, seed=81)
+    aug_q, aug_ind = [_rand(n, d, seed=82 + i) for i in range(2)], [_rand(n, d, seed=84 + i) for i in range(2)]
+    terms = rcl.regulator_terms(q, ind, aug_q, aug_ind, tau)
+    for (t_q, t_ind), a_q, a_ind in zip(terms, aug_q, aug_ind):
+        assert close(t_q, sum(_row_ce(q[i], list(a_q), i, tau) for i in range(n)) / n)
+        assert close(t_ind, sum(_row_ce(ind[i], list(a_ind), i, tau) for i in range(n)) / n)
+    assert close(sum(a + b for a, b in terms), rcl.regularized_loss(q, ind, aug_q, aug_ind, tau)
+                 - rcl.contrastive_loss(q, ind, tau))
+
+
+def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+    """App. A's early stop has its own interval: checks every 5 steps, evaluations every 20.
+    Interval means 5.0, 4.9 | 4.95, 4.95, 4.92: three checks without a new low stop training at
+    step 25, between two evaluations; the run is evaluated and checkpointed there, so last/ and
+    the last dev figure are of the weights it stopped with. A resume trains no further."""
+    means = [5.0, 4.9, 4.95, 4.95, 4.92, 4.8, 4.7, 4.6]
+    losses = [m + z for m in means for z in (0.2, -0.1, 0.3, -0.3, -0.1)]        # noise summing to 0
+    out = tmp_path / "run"
+    seen = []
+    stop = rcl.early_stop(3, 5)
+
+    def spy(step, loss):
+        seen.append((step, loss))
+        return stop(step, loss)
+    spy.every = stop.every
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, spy, eval_every=20)
+    assert [s for s, _ in seen] == [5, 10, 15, 20, 25]
+    assert [l for _, l in seen] == pytest.approx(means[:5])
+    assert res["steps"] == 25 and res["stopped_early"] and res["total"] == 40
+    recs = _records(out / "metrics.jsonl")
+    assert [r["step"] for r in recs if "stsb_dev" in r] == [20, 25]
+    assert res["last_dev"] == [r["stsb_dev"] for r in recs if "stsb_dev" in r][-1]
+    state = torch.load(out / "last" / "state.pt", weights_only=False)
+    assert state["step"] == 25 and state["stopped_early"]
+    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
+                    cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=40, eval_every=20, resume=True)
+    tok, enc = common.load_encoder(args.model)
+    model = Scripted(enc, losses)
+    again = common.train(args, model, common.tokenize_columns(args, tok, common.load_columns(args.data)), tok,
+                         args.pooler, should_stop=rcl.early_stop(3, 5), final_eval=False)
+    assert again["steps"] == 25 and again["stopped_early"] and model.t == 0
+
+
+def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+    """--regulate_with best: stage 2 holds each entropy model's best/ weights;
+    --final_hard_negatives: the final model sees the contradictions too."""
+    out = tmp_path / "run"
+    frozen, columns, real_train = [], [], common.train
+
+    def spy(args, model, data, *a, **kw):
+        frozen.append(getattr(model, "entropy_encoders", None))
+        columns.append(sorted(data))
+        return real_train(args, model, data, *a, **kw)
+
+    monkeypatch.setattr(common, "train", spy)
+    rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
+                           ["--data", str(need_shared("data", "nli_sample.csv")), "--eval_every", "1",
+                            "--regulate_with", "best", "--final_hard_negatives"]))
+    from safetensors.torch import load_file
+    for f, phi in zip(frozen[2], ("0.01", "0.02")):
+        best = load_file(str(out / f"entropy_phi{phi}" / "best" / "model.safetensors"))
+        end = load_file(str(out / f"entropy_phi{phi}" / "end" / "model.safetensors"))
+        assert all(torch.equal(v, best[k]) for k, v in f.state_dict().items() if k in best)
+        done = json.loads((out / f"entropy_phi{phi}" / rcl.DONE).read_text())
+        if done["best_step"] != done["steps"]:      # best/ and end/ differ: the test can tell them apart
+            assert not all(torch.equal(best[k], end[k]) for k in best)
+    assert columns == [["hard_neg", "sent0", "sent1"]] * 3
+
+
+def test_final_model_without_hard_negatives_is_eq3(tiny_bert):
+    """Stage 2's default: the batch without its hard_neg column, Eq. (3) on q = sent0 and
+    ind = sent1; with the column, the contradictions are extra columns of the first term."""
+    tok, enc = common.load_encoder(str(tiny_bert))
+    batch = _nli_batch(tok)
+    frozen = [rcl.load_frozen(Path(tiny_bert), torch.device("cpu"))]
+    model = rcl.RCL(enc, "avg", 0.05, frozen, [0.01]).eval()
+    with torch.no_grad():
+        without, stats = model({k: v for k, v in batch.items() if k != "hard_neg"})
+        q, pos, neg = (rcl.embed(enc, "avg", [batch[c]]) for c in ("sent0", "sent1", "hard_neg"))
+        au_q, au_ind = (rcl.embed(frozen[0], "avg", [batch[c]]) for c in ("sent0", "sent1"))
+        assert torch.allclose(without, rcl.regularized_loss(q, pos, [au_q], [au_ind], 0.05), atol=1e-5)
+        with_neg, _ = model(batch)
+        assert torch.allclose(with_neg, rcl.regularized_loss(q, torch.cat([pos, neg]), [au_q], [au_ind], 0.05),
+                              atol=1e-5)
+    assert not torch.allclose(with_neg, without)
+    assert {"contrastive", "regulators", "reg_q_phi0.01", "reg_ind_phi0.01"} == set(stats)
+
+
+def test_summary_shows_each_row_entropy_beside_the_phi_zero_model():
+    """phi = 0 is the control for what phi does (Sec. 3: phi > 0 lowers the row entropy)."""
+    base = {"entropy_start": 1.2, "dev_start": 80.0, "best_dev": 81.0, "best_step": 10, "steps": 350,
+            "total": 4306, "epoch_steps": 4306, "stopped_early": True, "dev_end": 80.5, "entropy_best": 1.0}
+    recs = [{**base, "phi": 0.0, "entropy_end": 0.5}, {**base, "phi": 0.01, "entropy_end": 0.3},
+            {**base, "phi": -0.01, "entropy_end": 0.9}]
+    lines = rcl.summary_table(recs).splitlines()
+    assert "+0.0000" in lines[2] and "-0.2000" in lines[3] and "+0.4000" in lines[4]
+    assert "stopped early at step 350 of 4306 (8% of an epoch)" in lines[3]
+    assert "80.00 -> 80.50" in lines[3]                      # the end/ weights' dev
+    best = rcl.summary_table(recs, "best").splitlines()
+    assert "1.2000 -> 1.0000" in best[3] and "80.00 -> 81.00" in best[3] and "+0.0000" in best[3]
+    alone = rcl.summary_table(recs[1:]).splitlines()      # no phi = 0 model: nothing to compare with
+    assert all(line.split()[4] == "-" for line in alone[2:])
