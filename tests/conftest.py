@@ -195,3 +195,14 @@ def tiny_mt(tmp_path_factory, tiny_bert) -> Path:
     """The tiny translation model, for --mt_model DIR (its English tokenizer makes the German
     side English word pieces: nonsense, but real generate() output)."""
     return build_tiny_mt(tmp_path_factory.mktemp("tiny_mt"), tiny_bert)
+
+
+@pytest.fixture
+def one_thread():
+    """Translation with a tiny model is all per-step overhead: on a shared CPU, two OpenMP
+    threads spin against each other (seconds a batch); one thread keeps the tests quick."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

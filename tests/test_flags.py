@@ -17,7 +17,7 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT
-from tools import bench, compare
+from tools import bench, compare, translate
 
 SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "conisi": conisi, "rcl": rcl}
 
@@ -56,10 +56,14 @@ OWN = {
                       (["--m", "1"], r"--m 1\.0: must be < 1\."),
                       (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's Tab\. 4 tries 0\.03 to 0\.1")],
     "ifcl": [EVAL_EVERY,
-             (["--dropout", "1"], r"--dropout 1\.0: must be < 1"),
-             (["--eps", "1.5"], r"--eps 1\.5: must be <= 1"),
-             (["--lam", "-0.1"], r"--lam -0\.1: must be >= 0"),
-             (["--queue_len", "-8"], r"--queue_len -8: must be >= 0"),
+             (["--dropout", "1"], r"--dropout 1\.0: must be < 1\. A rate; the paper uses 0\.15"),
+             (["--eps", "1.5"], r"--eps 1\.5: must be <= 1\. Eq\. \(3\) mixes the two embeddings; the paper uses 0\.9"),
+             (["--lam", "-0.1"], r"--lam -0\.1: must be >= 0\. The paper uses 0\.002"),
+             (["--queue_len", "-8"], r"--queue_len -8: must be >= 0\. The paper uses 416 and tries 320 to 512"),
+             (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper uses 0\.05"),
+             (["--omega_a", "1.5"], r"--omega_a 1\.5: must be <= 1\. A cosine similarity"),
+             (["--omega_b", "-2"], r"--omega_b -2\.0: must be >= -1\. A cosine similarity"),
+             (["--margin", "fixed", "--omega_a", "0.5"], r"--omega_a 0\.5 below --omega_b 0\.8: the identical twins"),
              (["--lam", "0.5"], r"--queue_len 20 with --lam 0\.5 and --batch_size 8: every forgetting "
                                 r"coefficient 1 - lam\*ceil\(m/N\) must be positive"),
              (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: IFCL is unsupervised")],
@@ -142,8 +146,9 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
 
 
 @pytest.mark.parametrize("main,argv,msg", [
-    (ifcl.main, ["translate", "--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
-    (ifcl.main, ["translate", "--num_beams", "0"], "--num_beams 0: must be >= 1"),
+    (translate.main, ["--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
+    (translate.main, ["--num_beams", "0"], "--num_beams 0: must be >= 1"),
+    (ifcl.main, ["translate", "--data", "x.txt"], "`python ifcl.py translate` moved: run `python tools/translate.py"),
     (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
     (compare.main, ["somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
     (bench.main, ["--steps", "0"], "--steps 0: must be >= 1"),
@@ -151,8 +156,8 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
     (simcse.main, ["bench", "--steps", "3"], "`python simcse.py bench` moved: run `python tools/bench.py "
                                              "--method simcse`"),
     (common.cli, ["compare", "runs/x"], "`python common.py compare` moved: run `python tools/compare.py RUN"),
-], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps", "bench-moved",
-        "simcse-bench-moved", "compare-moved"])
+], ids=["translate-chunk", "translate-beams", "ifcl-translate-moved", "eval", "compare", "bench-steps",
+        "bench-moved", "simcse-bench-moved", "compare-moved"])
 def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, argv)

@@ -1,5 +1,6 @@
 """Tests of ifcl.py: every equation against a per-row loop written from the paper, the queue,
-the fusion, the reduction to SimCSE, the translate command, and tiny end-to-end runs."""
+the fusion, the reduction to SimCSE, the German file's checks and first run, and tiny end-to-end
+runs (the translation itself: tests/test_translate.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,9 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +20,8 @@ import torch.nn.functional as F
 import common
 import ifcl
 import simcse
-from conftest import ROOT, need_shared
+from conftest import ROOT
+from tools import translate
 
 TAU = 0.05
 
@@ -211,7 +209,7 @@ def test_everything_off_is_simcse_and_the_queue_fills():
     z = model.mlp(out.last_hidden_state[:, 0])
     want = simcse.simcse_loss(z[:4], z[4:], TAU)
     assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
-    assert set(terms) == {"l_identical"}
+    assert set(terms) == {"l_identical", "cos_identical"}         # no queue: no queue_fill
     # with the queue on, step 0 is still SimCSE, and the anchors enter the queue
     model_q = ifcl.IFCL(copy.deepcopy(stock), None, replace(args, no_queue=False, queue_len=6), 0, 0)
     model_q.mlp.load_state_dict(model.mlp.state_dict())
@@ -220,6 +218,40 @@ def test_everything_off_is_simcse_and_the_queue_fills():
     assert float(loss_q.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
     assert int(model_q.filled) == 4 and torch.allclose(model_q.queue[:4], z[:4].detach(), atol=1e-6)
     assert "queue" in model_q.state_dict() and "filled" in model_q.state_dict()  # resumed with the run
+
+
+def test_no_mlp_is_sentence_berts_pipeline():
+    """--no_mlp, the other reading of the paper (IFCL is built on Sentence-BERT): the losses and
+    the queue see the raw [CLS], and the model has no MLP weights."""
+    torch.manual_seed(0)
+    enc = tiny_encoder()
+    stock = copy.deepcopy(enc)
+    args = make_args(no_fraternal=True, no_twins=True, no_queue=False, queue_len=6, tau=TAU, no_mlp=True)
+    model = ifcl.IFCL(enc, None, args, 0, 0).train()
+    assert model.mlp is None and not any("mlp" in k for k in model.state_dict())
+    stock.train()
+    x = ids_batch([3, 5, 4, 2])
+    torch.manual_seed(7)
+    loss, _ = model({"text": x})
+    torch.manual_seed(7)
+    h = stock(**common.concat_batches([x, x])).last_hidden_state[:, 0]       # raw [CLS]
+    assert float(loss.detach()) == pytest.approx(float(simcse.simcse_loss(h[:4], h[4:], TAU).detach()), rel=1e-6)
+    assert torch.allclose(model.queue[:4], h[:4].detach(), atol=1e-6)
+
+
+def test_twin_stats_are_the_log_of_eq8s_parts():
+    """The log's cos_identical, cos_fraternal and twins_gap, against a loop over the rows."""
+    g = torch.Generator().manual_seed(3)
+    h, h_pos, h_frat = (torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    got = ifcl.twin_stats(h, h_pos, h_frat)
+    s_pos, s_frat = [cos(h[i], h_pos[i]) for i in range(5)], [cos(h[i], h_frat[i]) for i in range(5)]
+    assert float(got["cos_identical"]) == pytest.approx(sum(s_pos) / 5)
+    assert float(got["cos_fraternal"]) == pytest.approx(sum(s_frat) / 5)
+    assert float(got["twins_gap"]) == pytest.approx(sum(math.exp(a) - math.exp(b) for a, b in zip(s_pos, s_frat)) / 5)
+    # the Twins loss is 0 exactly when every row's gap equals its margin
+    gap = torch.tensor([math.exp(a) - math.exp(b) for a, b in zip(s_pos, s_frat)], dtype=torch.float64)
+    assert float(ifcl.twins_loss(h, h_pos, h_frat, gap)) == pytest.approx(0.0, abs=1e-9)
+    assert set(ifcl.twin_stats(h, h_pos, None)) == {"cos_identical"}
 
 
 @pytest.mark.parametrize("fuse", ["layer", "word"])
@@ -250,7 +282,8 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
     model = ifcl.IFCL(enc, enc_f.embeddings, make_args(queue_len=8), 0, 0).train()
     batch = {"text": ids_batch([3, 5, 2, 4]), "frat": ids_batch([4, 2, 6, 3], vocab=60, seed=2)}
     loss, terms = model(batch)
-    assert set(terms) == {"l_identical", "l_fraternal", "l_twins", "margin"}
+    assert set(terms) == {"l_identical", "l_fraternal", "l_twins", "margin", "cos_identical", "cos_fraternal",
+                          "twins_gap", "queue_fill"}
     assert float(loss.detach()) == pytest.approx(float(terms["l_identical"] + terms["l_fraternal"] + terms["l_twins"]))
     loss.backward()
     assert enc.encoder.layer[0].output.dense.weight.grad is not None
@@ -265,16 +298,6 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
 # Data checks and the German file: where it goes, translation, resuming, waiting ranks
 # -------------------------------------------------------------------------------------
 
-@pytest.fixture
-def one_thread():
-    """Translation with a tiny model is all per-step overhead: on a shared CPU, two OpenMP
-    threads spin against each other (seconds a batch); one thread keeps the tests quick."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def run_base(tmp_path, parallel, *extra):
     return ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
             "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "c"),
@@ -284,9 +307,9 @@ def run_base(tmp_path, parallel, *extra):
 def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, parallel):
     base = run_base(tmp_path, parallel)
     with pytest.raises(common.UserError, match=r"--fraternal_data .*missing\.de\.txt: no such file.*"
-                                               r"Leave the flag out.*python ifcl.py translate"):
+                                               r"Leave the flag out.*python tools/translate.py"):
         ifcl.main(base + ["--fraternal_data", str(tmp_path / "missing.de.txt")])
-    with pytest.raises(common.UserError, match=r"40 sentences .* 48.*python ifcl.py translate"):
+    with pytest.raises(common.UserError, match=r"40 sentences .* 48.*python tools/translate.py"):
         ifcl.main(base + ["--fraternal_data", str(parallel / "de_short.txt")])
     assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()  # nothing written
 
@@ -325,8 +348,7 @@ def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path
         assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
         out = tmp_path / "de.txt"
         with pytest.raises(common.UserError, match=r"--mt_model .*needs it once"):
-            ifcl.main(["translate", "--data", str(parallel / "en.txt"), "--mt_model", bad,
-                       "--out", str(out)])
+            translate.main(["--data", str(parallel / "en.txt"), "--mt_model", bad, "--out", str(out)])
         assert list(tmp_path.glob("de.txt*")) == []                  # not even a .part
 
 
@@ -340,237 +362,6 @@ def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tin
                                                rf"to translate --data again.*--fraternal_data"):
         ifcl.main(base)
     assert not (tmp_path / "run").exists()
-
-
-def translate_flags(parallel, tiny_mt, out=None, chunk=16, batch=4):
-    f = ["translate", "--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
-         "--chunk_size", str(chunk), "--batch_size", str(batch)]
-    return f + (["--out", str(out)] if out else [])
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, parallel, tiny_mt):
-    """An uninterrupted translation of the 48 sentences one at a time (no batch, no padding)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("ref") / "ref.de.txt"
-    ifcl.main(translate_flags(parallel, tiny_mt, out, chunk=1, batch=1))
-    torch.set_num_threads(n)
-    lines = out.read_text(encoding="utf-8").splitlines()
-    assert len(lines) == 48 and all(l.strip() for l in lines)
-    assert len(set(lines)) > 40                  # distinct enough that a swap of lines shows
-    return lines
-
-
-def record_generate(monkeypatch, die_at=None):
-    """Record the lengths of each generate() call's sentences; raise KeyboardInterrupt at
-    call number `die_at`."""
-    from transformers import BartForConditionalGeneration
-    calls, real = [], BartForConditionalGeneration.generate
-
-    def generate(self, **kw):
-        calls.append(kw["attention_mask"].sum(1).tolist())
-        if len(calls) == die_at:
-            raise KeyboardInterrupt
-        return real(self, **kw)
-    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
-    return calls
-
-
-def test_translate_sorts_batches_by_length_and_writes_in_input_order(tmp_path, parallel, tiny_mt,
-                                                                     reference, monkeypatch, one_thread,
-                                                                     capsys):
-    calls = record_generate(monkeypatch)
-    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt"))
-    assert out.read_text(encoding="utf-8").splitlines() == reference
-    assert not Path(str(out) + ".part").exists() and not Path(str(out) + ".part.json").exists()
-    assert len(calls) == 12 and all(len(c) == 4 for c in calls)      # 3 chunks of 16, batches of 4
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(tiny_mt)
-    src = (parallel / "en.txt").read_text(encoding="utf-8").splitlines()
-    for k in range(3):                           # each chunk: its own sentences, longest first
-        lengths = [n for c in calls[4 * k:4 * k + 4] for n in c]
-        assert lengths == sorted(lengths, reverse=True)
-        assert sorted(lengths) == sorted(len(tok(s)["input_ids"]) for s in src[16 * k:16 * (k + 1)])
-    err = capsys.readouterr().err
-    assert "sent" in err and "translated 48 sentences in" in err and "sentences/s" in err
-    # complete: a second call is a no-op; another --data of other length for it is refused
-    calls.clear()
-    assert ifcl.main(translate_flags(parallel, tiny_mt, out)) == out and calls == []
-    with pytest.raises(common.UserError, match="exists with 48 lines"):
-        ifcl.main(["translate", "--data", str(parallel / "de_short.txt"), "--mt_model", str(tiny_mt),
-                   "--out", str(out)])
-
-
-def test_translate_interrupted_resumes_with_the_remaining_chunks(tmp_path, parallel, tiny_mt,
-                                                                 reference, monkeypatch, one_thread):
-    out = tmp_path / "de.txt"
-    part = Path(str(out) + ".part")
-    calls = record_generate(monkeypatch, die_at=6)                   # in chunk 2's second batch
-    with pytest.raises(KeyboardInterrupt):
-        ifcl.main(translate_flags(parallel, tiny_mt, out))
-    assert not out.exists() and part.read_text(encoding="utf-8").splitlines() == reference[:16]
-    with open(part, "ab") as f:                                      # a line cut by the kill
-        f.write("halb geschrieb".encode())
-    calls = record_generate(monkeypatch)
-    ifcl.main(translate_flags(parallel, tiny_mt, out))
-    assert sum(map(len, calls)) == 32                                # chunks 2 and 3 only
-    assert out.read_text(encoding="utf-8").splitlines() == reference
-    assert not part.exists()
-    # an unfinished file whose .part.json is missing (or says other settings) is refused
-    other = tmp_path / "other.de.txt"
-    Path(str(other) + ".part").write_text("x\n")
-    with pytest.raises(common.UserError, match="unfinished translation of other input or settings"):
-        ifcl.main(translate_flags(parallel, tiny_mt, other))
-
-
-def test_empty_translation_keeps_the_english_line_and_is_counted(tmp_path, parallel, tiny_mt,
-                                                                 reference, monkeypatch, one_thread,
-                                                                 capsys):
-    from transformers import BartForConditionalGeneration
-    real = BartForConditionalGeneration.generate
-
-    calls = []
-
-    def generate(self, **kw):
-        gen = real(self, **kw)
-        calls.append(1)
-        if len(calls) in (1, 5):                     # first batch of chunks 1 and 2
-            gen[0, 1:] = self.config.pad_token_id    # only the start token: decodes to ""
-        return gen
-    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
-    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt"))
-    got = out.read_text(encoding="utf-8").splitlines()
-    src = (parallel / "en.txt").read_text(encoding="utf-8").splitlines()
-    assert len(got) == 48
-    changed = [i for i in range(48) if got[i] != reference[i]]
-    assert len(changed) == 2 and all(got[i] == src[i] for i in changed)
-    assert changed[0] < 16 <= changed[1] < 32
-    assert "2 of 48 translations came back empty" in capsys.readouterr().err
-
-
-def test_running_out_of_gpu_memory_halves_the_batch(tmp_path, parallel, tiny_mt, reference,
-                                                    monkeypatch, one_thread, capsys):
-    from transformers import BartForConditionalGeneration
-    real, sizes = BartForConditionalGeneration.generate, []
-
-    def generate(self, **kw):
-        sizes.append(kw["input_ids"].shape[0])
-        if sizes[-1] > 2:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, **kw)
-    monkeypatch.setattr(BartForConditionalGeneration, "generate", generate)
-    out = ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de.txt", chunk=16, batch=8))
-    assert sizes[:3] == [8, 4, 2] and set(sizes[3:]) == {2}          # halved twice, then kept
-    assert out.read_text(encoding="utf-8").splitlines() == reference
-    assert capsys.readouterr().err.count("out of GPU memory") == 2
-    sizes.clear()                                                    # one sentence does not fit
-    monkeypatch.setattr(BartForConditionalGeneration, "generate",
-                        lambda self, **kw: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("oom")))
-    with pytest.raises(torch.cuda.OutOfMemoryError):
-        ifcl.main(translate_flags(parallel, tiny_mt, tmp_path / "de2.txt", batch=1))
-
-
-KILLED = """
-import os, signal, sys, time
-sys.path.insert(0, {root!r})
-import torch
-torch.set_num_threads(1)
-import ifcl
-from transformers import BartForConditionalGeneration
-point, n, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-real_generate, real_replace, calls = BartForConditionalGeneration.generate, os.replace, [0]
-
-def generate(self, **kw):
-    calls[0] += 1
-    if point == "generate" and calls[0] == n:       # during the n-th batch
-        os.kill(os.getpid(), signal.SIGKILL)
-    if point == "slow":                             # for a kill from outside
-        time.sleep(0.5)
-    return real_generate(self, **kw)
-
-def replace(src, dst):
-    if point == "rename" and str(dst).endswith("de.txt"):    # every line written, not renamed
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real_replace(src, dst)
-
-BartForConditionalGeneration.generate = generate
-os.replace = replace
-ifcl.main(argv)
-"""
-
-
-def run_killed(tmp_path, point, n, argv, wait_for=None):
-    """Run ifcl.main(argv) in a subprocess that gets SIGKILL at `point`: from itself, or (point
-    'slow') from here once `wait_for()` holds."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    p = subprocess.Popen([sys.executable, "-c", KILLED.format(root=str(ROOT)), point, str(n), *argv],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    if wait_for:
-        t0 = time.time()
-        while not wait_for() and p.poll() is None and time.time() - t0 < 300:
-            time.sleep(0.05)
-        p.send_signal(signal.SIGKILL)
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == -signal.SIGKILL, err[-3000:]
-    return err
-
-
-@pytest.mark.parametrize("point,n,finished", [("generate", 1, 0), ("generate", 6, 16),
-                                              ("generate", 12, 32), ("rename", 0, 48)])
-def test_translation_killed_with_sigkill_resumes_from_the_finished_lines(
-        point, n, finished, tmp_path, parallel, tiny_mt, reference, monkeypatch, one_thread):
-    out = tmp_path / "de.txt"
-    part = Path(str(out) + ".part")
-    run_killed(tmp_path, point, n, translate_flags(parallel, tiny_mt, out))
-    assert not out.exists()                                          # never a partial final file
-    assert part.read_text(encoding="utf-8").splitlines() == reference[:finished]
-    if finished == 16:   # a kill while the next chunk was being appended: 2 lines and a half
-        with open(part, "a", encoding="utf-8") as f:
-            f.write("KEPT 16\nKEPT 17\nhalb geschr")
-    calls = record_generate(monkeypatch)
-    ifcl.main(translate_flags(parallel, tiny_mt, out))
-    got = out.read_text(encoding="utf-8").splitlines()
-    if finished == 16:   # finished lines are kept; the chunk they belong to is redone whole
-        assert got[16:18] == ["KEPT 16", "KEPT 17"]
-        got[16:18] = reference[16:18]
-    assert got == reference and not part.exists()
-    assert sum(map(len, calls)) == 48 - finished
-
-
-def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, parallel, tiny_mt,
-                                                                   tiny_bert, small_sts):
-    """`python ifcl.py` (training) killed during its first-run translation, which comes after
-    every flag is checked; `python ifcl.py translate` with the same --data, --mt_model and
-    --cache_dir finishes the same file."""
-    cache = tmp_path / "c"
-    final = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
-    part = Path(str(final) + ".part")
-    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--model", str(tiny_bert),
-                    "--sts_dir", str(small_sts), "--batch_size", "8")
-    err = run_killed(tmp_path, "slow", 0, argv, wait_for=lambda: part.exists())
-    assert "translating" in err and not final.exists() and part.exists()
-    ifcl.main(["translate", "--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
-               "--cache_dir", str(cache)])
-    assert common.count_lines(final) == 48 and not part.exists()
-
-
-def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
-    out = tmp_path / "x.de.txt"
-    threading.Timer(0.3, lambda: out.write_text("a\n")).start()
-    ifcl.wait_for_file(out, poll_s=0.02)                             # returns once it appears
-    # rank 0 fails: it leaves its message for the others
-    args = make_args(data=str(tmp_path / "en.txt"), fraternal_data=str(tmp_path / "y.de.txt"),
-                     mt_model="no-such-mt")
-    monkeypatch.setattr(common, "world", lambda: (0, 2))
-    with pytest.raises(common.UserError, match="no such file"):
-        ifcl.make_fraternal_file(args, torch.device("cpu"))
-    marker = ifcl.failure_marker(Path(args.fraternal_data))
-    assert "no such file" in marker.read_text()
-    monkeypatch.setattr(common, "world", lambda: (1, 2))
-    with pytest.raises(common.UserError, match=r"rank 0 could not make .*y\.de\.txt: --data .*no such file"):
-        ifcl.wait_for_file(Path(args.fraternal_data), poll_s=0.02)
-
 
 
 def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt, tiny_bert,
@@ -596,7 +387,7 @@ def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_pat
                                                                           monkeypatch):
     german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     german.parent.mkdir(parents=True)
-    stale = ifcl.failure_marker(german)
+    stale = translate.failure_marker(german)
     stale.write_text("an earlier launch failed")
     seen = []
 
@@ -624,12 +415,17 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     res = ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert),
                      "--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
                      "--sts_dir", str(small_sts), "--output_dir", str(run), "--max_steps", "4",
-                     "--eval_every", "2", "--batch_size", "8", "--queue_len", "20",
+                     "--eval_every", "2", "--batch_size", "8", "--queue_len", "20", "--log_every", "1",
                      "--cache_dir", str(tmp_path / "cache")])
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs)
     train_recs = [r for r in recs if "loss" in r]
     assert train_recs and all(k in train_recs[-1] for k in ("l_identical", "l_fraternal", "l_twins", "margin"))
+    # what the mechanism acts on, every step (--log_every 1): the queue of 20 fills by 8 a step
+    assert [r["queue_fill"] for r in train_recs] == pytest.approx([0.4, 0.8, 1.0, 1.0])
+    assert all(-1 <= r[k] <= 1 for r in train_recs for k in ("cos_identical", "cos_fraternal"))
+    assert all(r["twins_gap"] == pytest.approx(math.exp(r["cos_identical"]) - math.exp(r["cos_fraternal"]), abs=0.2)
+               for r in train_recs)
     assert res["test"] is not None and len([k for k in res["test"] if k != "avg"]) == 7
     state = torch.load(run / "last" / "state.pt", weights_only=False)
     assert int(state["model"]["filled"]) == 20                    # 4 steps x 8, capped at 20
