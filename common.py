@@ -1,29 +1,21 @@
-"""The plumbing every method script shares, in the order a training run needs it.
+"""What every method script calls, once, in the order a training run needs it; each section
+uses only what stands above it. A script (simcse.py, focal_infonce.py, ifcl.py, conisi.py,
+rcl.py) holds its paper: losses, augmentations, heads.
 
-A method script (simcse.py, focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper:
-losses, augmentations, heads. This module holds what a reader of a paper does not need to see,
-once. Each section uses only what stands above it:
-
-    Flags            arg(), TrainArgs (the flags every script shares, each with its range and
-                     the source of its default), parse_args
-    Data             the training file (load_columns: one sentence a line, or SimCSE's CSV),
-                     tokenize (once, cached as integer arrays), batches; the download of
-                     SimCSE's data, proven whole by its content
+    Flags            arg(), TrainArgs (the shared flags, each with its source and range), parse_args
+    Data             load_columns (a text file or SimCSE's CSV), tokenize (once, cached), batches;
+                     the download of SimCSE's data, proven whole by its content
     Models           load_encoder, MLP, pool (SimCSE's poolers), autocast, fp32, make_encode
     STS evaluation   evaluate_sts: the 7 tasks exactly as SimCSE's SentEval computes them
-    Distributed      world, gather (all-gather that keeps the local gradient), barrier
-    Checkpoints      save_pretrained_dir (loads with AutoModel and SentenceTransformer),
-                     atomic folders, the run-folder lock
-    The step         make_step: forward, backward, clip, AdamW, schedule; compiled (and, on one
-                     GPU, replayed from CUDA graphs) where that is faster
-    The loop         start (every flag and file checked before anything is written), train
-                     (batch, step, log, evaluate, checkpoint, resume)
-    Command line     python common.py eval | download
+    Distributed      world, gather (all-gather keeping the local gradient), barrier
+    Checkpoints      save_pretrained_dir (AutoModel and SentenceTransformer load it), atomic
+                     folders, the run-folder lock
+    The step         make_step: forward, backward, clip, AdamW, schedule (compiled on CUDA)
+    The loop         start (every flag and file checked first), train (batch, step, log,
+                     evaluate, checkpoint, resume)
+    Command line     python common.py eval --model <hub name or dir> --pooler avg | download
 
-    python common.py eval --model <hub name or dir> --pooler avg
-    python common.py download
-The commands a user runs around training live in tools/: compare.py (runs side by side),
-bench.py (the step timed), translate.py (IFCL's German file).
+The commands around training live in tools/: compare.py, bench.py, translate.py.
 """
 
 from __future__ import annotations
@@ -791,16 +783,16 @@ def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[s
     return evaluate_sts(make_encode(enc, tok, pooler, mlp, batch_size), sts_dir, tasks=tasks, split=split)
 
 
-def format_sts_table(res: dict, paper: tuple[str, dict] | None = None) -> str:
-    """The 7-task table, with the paper's row, paper = (name, {task: figure}), beside ours."""
+def format_sts_table(res: dict, paper: tuple[str, dict] | None = None, name: str = "this run") -> str:
+    """The STS table of a result, with the paper's row, paper = (name, {task: figure}), beside it."""
     tasks = [t for t in STS_TASKS if t in res]
-    w = max(10, len(paper[0]) if paper else 0) + 2
-    rows = [("this run", {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]})] + ([paper] if paper else [])
+    w = max(len(name), len(paper[0]) if paper else 0) + 2
+    rows = [(name, {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]})] + ([paper] if paper else [])
     lines = [f"{'':{w}s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"]
     lines += [f"{name:{w}s}" + "".join(f"{fig[t]:8.2f}" if t in fig else f"{'-':>8s}" for t in tasks + ["avg"])
               for name, fig in rows]
     lines.append("Spearman x100 of cosine similarity; STS12-16 report 'all' (one correlation over "
-                 "each task's pairs); STS-B and SICK-R on their test sets.")
+                 "each task's pairs); STS-B and SICK-R their test sets, unless the dev split is asked for.")
     return "\n".join(lines)
 
 
@@ -1022,14 +1014,14 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
         print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
               file=sys.stderr)
     else:
-        modules = [("", "Transformer"), ("1_Pooling", "Pooling")] + ([("2_Dense", "Dense")] if pooler == "cls" else [])
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+        off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
         dump("1_Pooling/config.json", {"word_embedding_dimension": d, "pooling_mode_cls_token": st == "cls",
-                                       "pooling_mode_mean_tokens": st == "mean", **dict.fromkeys(
-                                           ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                                            "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"], False),
-                                       "include_prompt": True})
+                                       "pooling_mode_mean_tokens": st == "mean", "include_prompt": True,
+                                       **{f"pooling_mode_{k}": False for k in off}})
         if pooler == "cls":
             from safetensors.torch import save_file
+            modules.append(("2_Dense", "Dense"))
             dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
                                          "activation_function": "torch.nn.modules.activation.Tanh"})
             save_file({f"linear.{k}": v.detach().float().cpu().contiguous() for k, v in mlp.dense.state_dict().items()},
@@ -1199,9 +1191,11 @@ class Meter:
 
     def __init__(self, device: torch.device, since_check: list | None = None):
         self.zero = torch.zeros((), device=device)
-        self.bad, self.loss, self.steps, self.stats, self.t0 = self.zero.bool(), self.zero, 0, {}, time.perf_counter()
+        self.bad, self.loss, self.steps, self.stats = self.zero.bool(), self.zero, 0, {}
+        self.t0 = time.perf_counter()
         # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
-        self.since_check, self.steps_since_check = self.zero + (since_check or [0.0, 0])[0], (since_check or [0, 0])[1]
+        checked = since_check or [0.0, 0]
+        self.since_check, self.steps_since_check = self.zero + checked[0], checked[1]
 
     def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
         self.bad |= ~torch.isfinite(loss)
@@ -1319,12 +1313,11 @@ def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: tuple[
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
           paper: tuple[str, dict] | None = None, log_extra: Callable[[], dict] | None = None,
           should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True) -> dict:
-    """Train `model` on `data` into --output_dir, keeping the best model.encoder (and model.mlp,
-    for the `cls` pooler) by STS-B dev; at the end, the 7 tasks beside `paper` = (name, figures).
-    model(batch) -> loss or (loss, {name: 0-dim tensor} to log); batch = {column: {"input_ids":
-    (B, L), "attention_mask": (B, L)}}. should_stop(step, mean loss since its last call), every
-    should_stop.every steps (default: at evaluations), ends training when True: the run is then
-    evaluated and checkpointed at that step. -> {"best_dev", "best_step", "steps", "total", ...}"""
+    """Train `model` into --output_dir, keeping the best model.encoder (+ model.mlp for the `cls`
+    pooler) by STS-B dev; at the end the 7 tasks, beside `paper` = (name, figures). model(batch)
+    -> loss or (loss, {name: 0-dim tensor} to log), batch = {column: {"input_ids", "attention_mask"}}.
+    should_stop(step, mean loss since its last call), every should_stop.every steps (default: at
+    evaluations), ends training when True: the run is evaluated and checkpointed at that step."""
     out, (rank, world_size), device = Path(args.output_dir), world(), next(model.parameters()).device
     encoder, mlp = model.encoder, getattr(model, "mlp", None) if pooler == "cls" else None
     n = len(next(iter(data.values())))
@@ -1340,17 +1333,18 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
                     (encoder, tokenizer, pooler, mlp), log_extra)
     st = run.resume() if args.resume else {}
-    step, stopped, meter = st.get("step", 0), "early" if st.get("stopped_early") else None, Meter(device, st.get("since_check"))
-    bar = progress(total, Path(sys.argv[0]).stem or "train", "step", rank != 0, step)
+    step, stopped = st.get("step", 0), "early" if st.get("stopped_early") else None
+    meter, bar = Meter(device, st.get("since_check")), progress(total, Path(sys.argv[0]).stem, "step", rank != 0, step)
+    check_every = getattr(should_stop, "every", args.eval_every)
+    pad_to = args.max_len if device.type == "cuda" else None   # static shapes: a compiled step is captured once
     while step < total and stopped is None:
         epoch, b = divmod(step, n // args.batch_size)
         idx = local_rows(batch_plan(n, args.batch_size, args.seed, epoch)[b])   # this rank's share
-        # static shapes on CUDA (--max_len), so that a compiled step is captured once
-        loss, stats = step_fn(device_batch(data, idx, args.max_len if device.type == "cuda" else None, device))
+        loss, stats = step_fn(device_batch(data, idx, pad_to, device))
         step += 1
         meter.add(loss, stats)
         bar.update(1)
-        if should_stop is not None and (step % getattr(should_stop, "every", args.eval_every) == 0 or step == total) \
+        if should_stop is not None and (step % check_every == 0 or step == total) \
                 and should_stop(step, meter.loss_since_check()):
             stopped = "early"
         evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
@@ -1371,10 +1365,9 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
         raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
-    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total, "test": None,
-              "stopped_early": stopped == "early" and step < total, "last_dev": (run.last or {}).get("stsb_dev")}
-    if final_eval and rank == 0:
-        result["test"] = final_report(out / "best", args.sts_dir, pooler, paper)
+    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total,
+              "stopped_early": stopped == "early" and step < total, "last_dev": (run.last or {}).get("stsb_dev"),
+              "test": final_report(out / "best", args.sts_dir, pooler, paper) if final_eval and rank == 0 else None}
     barrier()
     return result
 
@@ -1452,14 +1445,8 @@ def cli(argv: list[str]) -> None:
     a = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
     t = time.perf_counter()
     res = evaluate_encoder(a.model, a.pooler, a.sts_dir, a.tasks or None, a.split, a.batch_size)
-    if a.split == "test" and not a.tasks:
-        print(format_sts_table(res))
-    else:
-        for k, v in res.items():
-            if k != "avg":
-                print(f"{k:16s} {v['spearman']:.2f}  (n={v['n']})")
-        print(f"{'avg':16s} {res['avg']:.2f}")
-    print(f"({a.model}, pooler {a.pooler}, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
+    print(format_sts_table(res, name=f"{Path(a.model).name} [{a.pooler}]"))
+    print(f"({a.model}, {a.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
     if a.output:
         Path(a.output).write_text(json.dumps(res, indent=2))
 
