@@ -84,7 +84,7 @@ class Args(common.TrainArgs):
                                    f"`python simcse.py --data {self.data}`.")
 
 
-# Paper Tab. 2, "SimCSE-BERT_base + Focal-InfoNCE" (mean of 4 seeds); printed beside this run.
+# Paper Tab. 2, "SimCSE-BERT_base + Focal-InfoNCE" (a mean over seeds, Sec. 5.2); printed beside this run.
 # NOTE(ours): printed as published although the seven figures average 77.88, not 77.33; the
 # STS14 figure (79.00) looks misprinted: the official README's released checkpoint has 75.20.
 PAPER = {"STS12": 68.50, "STS13": 83.70, "STS14": 79.00, "STS15": 82.71, "STS16": 79.43,

@@ -222,29 +222,33 @@ def fixed_margin(omega_a: float, omega_b: float) -> float:
 
 
 @common.fp32
-def twin_stats(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """For the log: the mean cosines of the identical and the fraternal twins, and the Twins gap
-    e^{sim(h,h+)} - e^{sim(h,h-)} that Eq. (8) pulls towards M. No gradient."""
-    s_pos = F.cosine_similarity(h, h_pos, dim=-1).detach()                   # (N,)
-    if h_frat is None:
-        return {"cos_identical": s_pos.mean()}
-    s_frat = F.cosine_similarity(h, h_frat, dim=-1).detach()                 # (N,)
-    return {"cos_identical": s_pos.mean(), "cos_fraternal": s_frat.mean(),   # (), ()
-            "twins_gap": (s_pos.exp() - s_frat.exp()).mean()}                # ()
+@common.fp32
+def twins_stats(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor | None = None) -> dict:
+    """Batch means of sim(h_i, h_i^+) and, with h^-, of sim(h_i, h_i^-) and of the Twins gap
+    e^{sim(h_i,h_i^+)} - e^{sim(h_i,h_i^-)}, which Eq. (8) pulls towards M_i. Detached."""
+    s_pos = F.cosine_similarity(h, h_pos, dim=-1)                            # (N,)
+    stats = {"cos_identical": s_pos.mean()}                                  # ()
+    if h_frat is not None:
+        s_frat = F.cosine_similarity(h, h_frat, dim=-1)                      # (N,)
+        stats["cos_fraternal"] = s_frat.mean()                               # ()
+        stats["twins_gap"] = (s_pos.exp() - s_frat.exp()).mean()             # ()
+    return {k: v.detach() for k, v in stats.items()}
+
+
+def queue_fill(filled: torch.Tensor, queue_len: int) -> torch.Tensor:
+    """The share of the queue's slots that hold anchors, 0..1 (queue_len > 0)."""
+    return filled.float() / queue_len                                        # ()
 
 
 # =====================================================================================
-# PAPER-SPECIFIC: the model (three views in one pass, the fusion, the queue, [CLS] -> MLP)
+# PAPER-SPECIFIC: the model (Algorithm 1: three views in one pass, the fusion, the queue)
 # =====================================================================================
 
 class IFCL(nn.Module):
-    """h, h^+ and h^- in ONE forward pass over 3N rows: x, x again (a second dropout mask), and
-    x fused with its translation (Eq. 3), the dropout after the fusion (Algorithm 1, line 6).
-    Why a hook: Eq. (3) fuses the embedding layer's OUTPUT, and a Hugging Face encoder takes
-    token ids or word embeddings, never that output; a forward hook on its embedding layer is
-    the one place that sees it, for any encoder and version of transformers. three_views()
-    computes y^- = BEL_F(x^-) and leaves it in self.y_frat for its one encoder call; the hook
-    applies fuse() (Eq. 3) to the last N rows, then the dropout the layer would have applied."""
+    """One batch of Algorithm 1: y = BEL_S(x) and y^- = BEL_F(x^-) (Eq. 2), the fusion (Eq. 3),
+    dropout on emb, emb^+ and emb^- (lines 3-6, dropout after the fusion), the transformer
+    layers f_theta on the 3N rows in ONE pass (lines 7-9), the losses (Eq. 6-9), the queue
+    update (line 23)."""
 
     def __init__(self, encoder: nn.Module, bel_f: nn.Module | None, args: Args, pad_id: int,
                  pad_id_frat: int):
@@ -252,15 +256,18 @@ class IFCL(nn.Module):
         self.encoder, self.bel_f, self.args = encoder, bel_f, args
         self.pad_id, self.pad_id_frat = pad_id, pad_id_frat
         d = encoder.config.hidden_size
-        # [CLS] -> MLP in training only (evaluation: the mean of the last layer); --no_mlp: raw [CLS]
-        self.mlp = None if args.no_mlp else common.MLP(d)
+        self.mlp = None if args.no_mlp else common.MLP(d)   # see Args.no_mlp's NOTE
         emb = encoder.embeddings
         # NOTE(ours): Eq. (1) calls BEL_S "without trainable parameters": frozen by default.
-        emb.requires_grad_(args.train_embeddings)
-        # the embedding layer's own dropout (rate rho) moves into the hook, after the fusion
-        self.rho, emb.dropout = emb.dropout.p, nn.Identity()
-        emb.register_forward_hook(self._fuse_then_dropout)
-        self.y_frat: torch.Tensor | None = None      # BEL_F(x^-) during three_views' encoder call
+        for prm in emb.parameters():
+            prm.requires_grad_(args.train_embeddings)
+        # BERT's NSP pooler is never used: frozen, so that DDP sees no parameter without gradient
+        if getattr(encoder, "pooler", None) is not None:
+            for prm in encoder.pooler.parameters():
+                prm.requires_grad_(False)
+        # the embedding layer's own dropout (rate rho) moves after the fusion (three_views)
+        self.rho = emb.dropout.p
+        emb.dropout = nn.Identity()
         if bel_f is not None:  # BEL_F: frozen, no dropout of its own
             bel_f.requires_grad_(False)
             bel_f.dropout = nn.Identity()
@@ -269,16 +276,43 @@ class IFCL(nn.Module):
         self.register_buffer("queue", torch.zeros(m, d))                     # (M, d)
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))    # ()
 
-    def _fuse_then_dropout(self, module: nn.Module, inputs, y: torch.Tensor) -> torch.Tensor:
-        if self.y_frat is not None:   # --fuse layer: the last N rows are x's, to be fused
-            n = self.y_frat.shape[0]
-            y = torch.cat([y[:-n], fuse(y[-n:], self.y_frat, self.args.eps)])   # (3N, L, d)
-        return F.dropout(y, self.rho, module.training)                       # (B, L, d)
+    def f_theta(self, emb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The encoder's transformer layers on a given embedding-layer output (B, L, d), then
+        [CLS] -> MLP (raw [CLS] with --no_mlp): (B, d)."""
+        # A Hugging Face model's forward takes token ids or word embeddings, never the embedding
+        # layer's output; its layer stack (.encoder in BERT and RoBERTa, transformers 4.56 to 5.x)
+        # does, with the additive mask forward builds (0 on tokens, the dtype's minimum on
+        # padding). tests/test_ifcl.py holds it to the model's own forward.
+        ext = (1 - mask[:, None, None, :].to(emb.dtype)) * torch.finfo(emb.dtype).min  # (B, 1, 1, L)
+        cls = self.encoder.encoder(emb, attention_mask=ext)[0][:, 0]         # (B, d)
+        return cls if self.mlp is None else self.mlp(cls)                    # (B, d)
 
-    def sentence(self, out) -> torch.Tensor:
-        """h: [CLS] of the last layer, through the MLP (unless --no_mlp)."""
-        h = out.last_hidden_state[:, 0]                                      # (B, d)
-        return h if self.mlp is None else self.mlp(h)                        # (B, d)
+    def three_views(self, batch: dict) -> tuple[torch.Tensor, ...]:
+        """h, h^+, h^- of the batch's rows (3N, d); the dropout-augmented embedding-layer
+        outputs emb, emb^+, emb^- (3N, L, d); the anchor's mask and the fused input's (N, L)."""
+        a = self.args
+        x, xf = batch["text"], batch["frat"]                                 # (N, L), (N, L')
+        width = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
+        x, xf = common.pad_batch(x, width, self.pad_id), common.pad_batch(xf, width, self.pad_id_frat)
+        mask = x["attention_mask"]                                           # (N, L)
+        # NOTE(ours): the fused input attends wherever either language has a token
+        mask_frat = torch.maximum(mask, xf["attention_mask"])                # (N, L)
+        # NOTE(ours): Eq. (2)'s y = BEL(x) is the embedding layer's output (word + position +
+        # type, LayerNorm); --fuse word fuses the word embeddings only, before the rest.
+        if a.fuse == "layer":
+            y = self.encoder.embeddings(input_ids=x["input_ids"])           # (N, L, d)  y = BEL_S(x)
+            with torch.no_grad():
+                y_frat = self.bel_f(input_ids=xf["input_ids"])               # (N, L, d)  y^- = BEL_F(x^-)
+            y3 = torch.cat([y, y, fuse(y, y_frat, a.eps)])                   # (3N, L, d)
+        else:  # --fuse word: Eq. (3) on the word embeddings; position, type, LayerNorm follow
+            w = self.encoder.embeddings.word_embeddings(x["input_ids"])      # (N, L, d)
+            with torch.no_grad():
+                w_frat = self.bel_f.word_embeddings(xf["input_ids"])         # (N, L, d)
+            y3 = self.encoder.embeddings(inputs_embeds=torch.cat([w, w, fuse(w, w_frat, a.eps)]))  # (3N, L, d)
+        # Algorithm 1, lines 3, 4, 6: emb, emb^+, emb^- each get their own dropout mask z
+        emb = F.dropout(y3, self.rho, self.training)                         # (3N, L, d)
+        z = self.f_theta(emb, torch.cat([mask, mask, mask_frat]))            # (3N, d)  lines 7-9
+        return z, emb, mask, mask_frat
 
     def queue_weights(self, batch_size: int) -> torch.Tensor:
         """p_m of Eq. (4) for every slot, 0 for slots not filled yet (step 0: all empty)."""
@@ -289,51 +323,24 @@ class IFCL(nn.Module):
     @torch.no_grad()
     def push(self, h: torch.Tensor) -> None:
         """FIFO: the batch's anchors enter at slot 0, the oldest fall off the end.
-        NOTE(ours): the queue holds the anchors h as the loss sees them ([CLS] -> MLP), detached."""
+        NOTE(ours): the queue holds the anchors h as the loss sees them ([CLS] -> MLP, or raw
+        [CLS] with --no_mlp), detached."""
         m = self.queue.shape[0]
         if m == 0:
             return
         self.queue.copy_(torch.cat([h.detach().float(), self.queue])[:m])    # (M, d)
         self.filled.copy_((self.filled + h.shape[0]).clamp(max=m))           # ()
 
-    def three_views(self, batch: dict) -> tuple[torch.Tensor, ...]:
-        """h of x, x and the fused x in one pass (3N, d); the dropout-augmented embedding-layer
-        outputs emb, emb^+, emb^- (3N, L, d) (Algorithm 1, lines 3-6); the anchor's mask and the
-        fused input's mask (N, L)."""
-        a = self.args
-        x, xf = batch["text"], batch["frat"]                                 # (N, L), (N, L')
-        width = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
-        x, xf = common.pad_batch(x, width, self.pad_id), common.pad_batch(xf, width, self.pad_id_frat)
-        mask = x["attention_mask"]                                           # (N, L)
-        # NOTE(ours): the fused input attends wherever either language has a token
-        mask_frat = torch.maximum(mask, xf["attention_mask"])                # (N, L)
-        mask3 = torch.cat([mask, mask, mask_frat])                           # (3N, L)
-        # NOTE(ours): Eq. (2) fuses y = BEL(x), the embedding layer's output (word + position +
-        # type, LayerNorm); --fuse word fuses the word embeddings only, before the rest.
-        if a.fuse == "layer":
-            with torch.no_grad():
-                self.y_frat = self.bel_f(input_ids=xf["input_ids"])          # (N, L, d)  BEL_F(x^-)
-            try:                                                             # the hook fuses
-                out = self.encoder(input_ids=torch.cat([x["input_ids"]] * 3), attention_mask=mask3,
-                                   output_hidden_states=True)
-            finally:
-                self.y_frat = None
-        else:  # --fuse word: Eq. (3) on the word embeddings; position, type, LayerNorm follow
-            w = self.encoder.embeddings.word_embeddings(x["input_ids"])      # (N, L, d)
-            with torch.no_grad():
-                w_f = self.bel_f.word_embeddings(xf["input_ids"])            # (N, L, d)
-            out = self.encoder(inputs_embeds=torch.cat([w, w, fuse(w, w_f, a.eps)]), attention_mask=mask3,
-                               output_hidden_states=True)
-        return self.sentence(out), out.hidden_states[0], mask, mask_frat    # hidden_states[0]: (3N, L, d)
-
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         a = self.args
         x = batch["text"]                                                    # (N, L)
         n = x["input_ids"].shape[0]
         terms, h_frat = {}, None
-        if a.no_fraternal:  # SimCSE's two views in one pass
-            z = self.sentence(self.encoder(**common.concat_batches([x, x])))  # (2N, d)
-            h, h_pos = common.gather(z[:n]), common.gather(z[n:])            # (N, d), (N, d)
+        if a.no_fraternal:  # SimCSE's two views: emb, emb^+ (Algorithm 1, lines 3-4, 7-8)
+            y = self.encoder.embeddings(input_ids=x["input_ids"])           # (N, L, d)  y = BEL_S(x)
+            emb = F.dropout(torch.cat([y, y]), self.rho, self.training)     # (2N, L, d)
+            z = self.f_theta(emb, torch.cat([x["attention_mask"]] * 2))     # (2N, d)
+            h, h_pos = (common.gather(t) for t in z.split(n))               # (N, d) x2
         else:
             z, emb, mask, mask_frat = self.three_views(batch)                # (3N, d), (3N, L, d)
             h, h_pos, h_frat = (common.gather(t) for t in z.split(n))        # (N, d) x3
@@ -344,19 +351,18 @@ class IFCL(nn.Module):
                 margin = torch.full((h.shape[0],), fixed_margin(a.omega_a, a.omega_b),
                                     device=h.device)                         # (N,)
             terms["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)
+            terms["margin"] = margin.mean()
             if not a.no_twins:
                 terms["l_twins"] = twins_loss(h, h_pos, h_frat, margin)
         p = self.queue_weights(h.shape[0])                                   # (M,)  N = global batch
         terms["l_identical"] = identical_loss(h, h_pos, self.queue, p, a.tau)
+        terms.update(twins_stats(h, h_pos, h_frat))
+        if self.queue.shape[0]:  # the share of the queue this step's Eq. (6) used
+            terms["queue_fill"] = queue_fill(self.filled, self.queue.shape[0])
         self.push(h)  # after the loss, as in Algorithm 1 (line 23)
         # Eq. (9): sum over i of l^I + l^F + l^T; NOTE(ours): the batch mean (only rescales lr)
-        loss = sum(terms.values())
-        stats = {**{k: v.detach() for k, v in terms.items()}, **twin_stats(h, h_pos, h_frat)}
-        if h_frat is not None:
-            stats["margin"] = margin.mean()
-        if self.queue.shape[0]:
-            stats["queue_fill"] = self.filled.float() / self.queue.shape[0]  # ()
-        return loss, stats
+        loss = sum(v for k, v in terms.items() if k.startswith("l_"))
+        return loss, {k: v.detach() for k, v in terms.items()}
 
 
 # =====================================================================================

@@ -35,10 +35,9 @@ yours at the end of a run. What the log shows of the mechanism: each entropy mod
 stage-1 summary (where each model stopped; its row entropy beside the phi = 0 model's); the
 final model's `contrastive` term and each regulator's, `reg_q_phi<phi>` and `reg_ind_phi<phi>`.
 
-Augmented embeddings (Au in Eq. 3) are computed on the fly, under no_grad, by the frozen
-entropy models in eval mode, from the batch the final model sees: memory is bounded by the
-batch whatever the corpus size. A disk cache would save no compute: one epoch embeds each
-sentence once either way (and it would take 12 GB for 1M sentences, K = 4, d = 768).
+Augmented embeddings (Au in Eq. 3) come on the fly, under no_grad, from the frozen entropy
+models in eval mode: memory is bounded by the batch. A disk cache would save no compute (one
+epoch embeds each sentence once) and take 12 GB for 1M sentences, K = 4, d = 768.
 
 Under DDP (torchrun): every embedding the losses use (q, ind's positives and hard negatives
 gathered apart so that the positives stay first, and every Au) goes through common.gather, so
@@ -113,6 +112,9 @@ class Args(common.TrainArgs):
         if len({f"{p:g}" for p in self.phi}) != len(self.phi):
             raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
                             f"model; give every value once.")
+        if self.final_hard_negatives and Path(self.data).is_file() and "hard_neg" not in common.load_columns(self.data):
+            raise UserError(f"--final_hard_negatives: --data {self.data} has no hard_neg column. Give a CSV "
+                            f"sent0,sent1,hard_neg, or leave the flag out.")
 
 
 # Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
@@ -199,13 +201,11 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class EarlyStop:
-    """App. A: stop an entropy model once its loss has not decreased for `patience` checks.
-    common.train calls it every `every` steps (--stop_every) with the mean training loss over
-    those steps, and keeps its state in last/, so a resumed entropy model keeps counting.
-    NOTE(ours): the paper's "3 steps" read as 3 checks (as HF's EarlyStoppingCallback counts
-    patience): one batch's loss is noise, and 3 batches without a new low would stop a model
-    after about 6 steps, a near-copy of its start. The loss is the interval's mean training
-    loss, not one on held-out pairs: no data set aside, no extra pass."""
+    """App. A: stop an entropy model once its loss has not decreased for `patience` checks;
+    common.train calls it every `every` steps with the mean training loss over them (and keeps
+    its state in last/). NOTE(ours): the paper's "3 steps" read as 3 checks (as HF's
+    EarlyStoppingCallback counts patience): 3 noisy batches without a new low would stop a model
+    after about 6 steps, a near-copy of its start. The training loss: no held-out pairs."""
 
     def __init__(self, patience: int, every: int):
         self.patience, self.every, self.best, self.since = patience, every, math.inf, 0
@@ -317,8 +317,9 @@ def entropy_dir(output_dir: str | Path, phi: float) -> Path:
 
 def marker_record(args: Args, phi: float) -> dict:
     """What a finished entropy model was trained from; a restart must match it to reuse it."""
-    return {"phi": phi, "model": args.model, "data": str(Path(args.data).resolve()),
-            "tau": args.tau, "pooler": args.pooler, "max_len": args.max_len, "seed": args.seed}
+    return {"phi": phi, "model": args.model, "data": str(Path(args.data).resolve()), "tau": args.tau,
+            "pooler": args.pooler, "max_len": args.max_len, "seed": args.seed, "patience": args.patience,
+            "stop_every": args.stop_every}
 
 
 def start(args: Args) -> torch.device:
@@ -336,10 +337,8 @@ def start(args: Args) -> torch.device:
 @torch.no_grad()
 def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.device) -> float:
     """Row entropy (Eq. 2's term, the log's "entropy") of `model` on the first training batch.
-    NOTE(ours): "row entropy at the start / end" is this no-grad pass, before and after training,
-    with dropout on as in training and the same dropout draw both times: the same batch and the
-    same masks, so start -> end differs only by the weights (the first training record would mix
-    in --log_every steps of training and other batches). The global RNG is left as it was."""
+    NOTE(ours): a no-grad pass with the same batch and the same dropout draw before and after
+    training, so start -> end differs only by the weights. The global RNG is left as it was."""
     first = common.batch_plan(len(next(iter(data.values()))), args.batch_size, args.seed, 0)[0]
     batch = common.device_batch(data, common.local_rows(first), None, device)
     was_training = model.training

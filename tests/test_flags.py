@@ -79,6 +79,7 @@ OWN = {
                (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: ConIsI is self-supervised")],
     "rcl": [(["--eval_every", "-1"], r"--eval_every -1: must be >= 0"),
             (["--patience", "-1"], r"--patience -1: must be >= 0"),
+            (["--final_hard_negatives"], r"--final_hard_negatives: --data .* has no hard_neg column"),
             (["--stop_every", "0"], r"--stop_every 0: must be >= 1\. Pass a value in range, e\.g\. the default --stop_every 50"),
             (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's equations have no temperature; ours is 0\.05"),
             (["--phi", "0.01", "0.01"], r"--phi 0\.01 0\.01: each value trains one entropy model; give every value once")],

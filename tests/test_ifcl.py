@@ -147,6 +147,44 @@ def test_fixed_margin():
     assert ifcl.fixed_margin(0.85, 0.80) == pytest.approx(math.exp(0.85) - math.exp(0.80))
 
 
+@pytest.mark.parametrize("eps", [0.9, 0.0, 1.0])
+def test_fuse_eq3_matches_loop(eps):
+    g = torch.Generator().manual_seed(6)
+    N, L, d = 3, 4, 5
+    y, y_frat = (torch.randn(N, L, d, generator=g, dtype=torch.float64) for _ in range(2))
+    got = ifcl.fuse(y, y_frat, eps)
+    assert got.shape == (N, L, d)
+    for i in range(N):
+        for t in range(L):            # position by position: token t of x with token t of x^-
+            for k in range(d):
+                want = eps * float(y[i, t, k]) + (1 - eps) * float(y_frat[i, t, k])
+                assert float(got[i, t, k]) == pytest.approx(want, abs=1e-12)
+    if eps == 1.0:                    # the ends: the English input alone, the German alone
+        assert torch.equal(got, y)
+    if eps == 0.0:
+        assert torch.equal(got, y_frat)
+
+
+def test_twins_stats_match_loop_and_queue_fill():
+    g = torch.Generator().manual_seed(8)
+    N = 6
+    h, hp, hf = (torch.randn(N, 5, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    got = ifcl.twins_stats(h, hp, hf)
+    assert set(got) == {"cos_identical", "cos_fraternal", "twins_gap"}
+    assert all(v.dim() == 0 and not v.requires_grad for v in got.values())
+    c_pos = [cos(h[i].detach(), hp[i].detach()) for i in range(N)]
+    c_frat = [cos(h[i].detach(), hf[i].detach()) for i in range(N)]
+    assert float(got["cos_identical"]) == pytest.approx(sum(c_pos) / N, rel=1e-9)
+    assert float(got["cos_fraternal"]) == pytest.approx(sum(c_frat) / N, rel=1e-9)
+    gap = sum(math.exp(a) - math.exp(b) for a, b in zip(c_pos, c_frat)) / N
+    assert float(got["twins_gap"]) == pytest.approx(gap, rel=1e-9)
+    assert set(ifcl.twins_stats(h, hp)) == {"cos_identical"}             # no fraternal twins
+    same = ifcl.twins_stats(h, h, h)                                     # the edge: all alike
+    assert float(same["cos_identical"]) == pytest.approx(1) and float(same["twins_gap"]) == pytest.approx(0)
+    for filled, share in [(0, 0.0), (208, 0.5), (416, 1.0)]:
+        assert float(ifcl.queue_fill(torch.tensor(filled), 416)) == share
+
+
 # -------------------------------------------------------------------------------------
 # The model: queue, fusion, reduction to SimCSE (random tiny BERTs, no tokenizer needed)
 # -------------------------------------------------------------------------------------
@@ -220,40 +258,6 @@ def test_everything_off_is_simcse_and_the_queue_fills():
     assert "queue" in model_q.state_dict() and "filled" in model_q.state_dict()  # resumed with the run
 
 
-def test_no_mlp_is_sentence_berts_pipeline():
-    """--no_mlp, the other reading of the paper (IFCL is built on Sentence-BERT): the losses and
-    the queue see the raw [CLS], and the model has no MLP weights."""
-    torch.manual_seed(0)
-    enc = tiny_encoder()
-    stock = copy.deepcopy(enc)
-    args = make_args(no_fraternal=True, no_twins=True, no_queue=False, queue_len=6, tau=TAU, no_mlp=True)
-    model = ifcl.IFCL(enc, None, args, 0, 0).train()
-    assert model.mlp is None and not any("mlp" in k for k in model.state_dict())
-    stock.train()
-    x = ids_batch([3, 5, 4, 2])
-    torch.manual_seed(7)
-    loss, _ = model({"text": x})
-    torch.manual_seed(7)
-    h = stock(**common.concat_batches([x, x])).last_hidden_state[:, 0]       # raw [CLS]
-    assert float(loss.detach()) == pytest.approx(float(simcse.simcse_loss(h[:4], h[4:], TAU).detach()), rel=1e-6)
-    assert torch.allclose(model.queue[:4], h[:4].detach(), atol=1e-6)
-
-
-def test_twin_stats_are_the_log_of_eq8s_parts():
-    """The log's cos_identical, cos_fraternal and twins_gap, against a loop over the rows."""
-    g = torch.Generator().manual_seed(3)
-    h, h_pos, h_frat = (torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(3))
-    got = ifcl.twin_stats(h, h_pos, h_frat)
-    s_pos, s_frat = [cos(h[i], h_pos[i]) for i in range(5)], [cos(h[i], h_frat[i]) for i in range(5)]
-    assert float(got["cos_identical"]) == pytest.approx(sum(s_pos) / 5)
-    assert float(got["cos_fraternal"]) == pytest.approx(sum(s_frat) / 5)
-    assert float(got["twins_gap"]) == pytest.approx(sum(math.exp(a) - math.exp(b) for a, b in zip(s_pos, s_frat)) / 5)
-    # the Twins loss is 0 exactly when every row's gap equals its margin
-    gap = torch.tensor([math.exp(a) - math.exp(b) for a, b in zip(s_pos, s_frat)], dtype=torch.float64)
-    assert float(ifcl.twins_loss(h, h_pos, h_frat, gap)) == pytest.approx(0.0, abs=1e-9)
-    assert set(ifcl.twin_stats(h, h_pos, None)) == {"cos_identical"}
-
-
 @pytest.mark.parametrize("fuse", ["layer", "word"])
 def test_fusion_eq3(fuse):
     enc, enc_f = tiny_encoder(dropout=0.0, seed=1), tiny_encoder(vocab=60, dropout=0.0, seed=2)
@@ -292,6 +296,130 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
     assert int(model.filled) == 4
     _, terms2 = model(batch)
     assert "l_twins" in terms2 and int(model.filled) == 8
+
+
+def tiny_roberta(vocab=50, hidden=16, seed=0):
+    from transformers import RobertaConfig, RobertaModel
+    torch.manual_seed(seed)
+    cfg = RobertaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=40, pad_token_id=1,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return RobertaModel(cfg, add_pooling_layer=True)
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_f_theta_is_the_encoders_own_forward_after_its_embedding_layer(arch):
+    """f_theta (the layers on a given embedding output, with the mask we build) equals the
+    model's own forward on the token ids, padding included, in BERT and RoBERTa."""
+    enc, pad = (tiny_encoder(dropout=0.0), 0) if arch == "bert" else (tiny_roberta(), 1)
+    stock = copy.deepcopy(enc).eval()
+    model = ifcl.IFCL(enc, None, make_args(no_fraternal=True, no_mlp=True), pad, pad).eval()
+    x = ids_batch([3, 6, 1, 4])
+    x["input_ids"] = x["input_ids"] * x["attention_mask"] + pad * (1 - x["attention_mask"])
+    want = stock(**x).last_hidden_state[:, 0]                            # (N, d)
+    got = model.f_theta(enc.embeddings(input_ids=x["input_ids"]), x["attention_mask"])
+    assert torch.allclose(got, want, atol=1e-6)
+    # the mask matters: attending to the padding too gives other [CLS] vectors
+    ones = torch.ones_like(x["attention_mask"])
+    assert not torch.allclose(model.f_theta(enc.embeddings(input_ids=x["input_ids"]), ones), want, atol=1e-4)
+
+
+def per_row_reference(stock, bel_f, mlp, x, xf, eps, fuse):
+    """h, h^+, h^- and emb, emb^+, emb^- of each row alone, straight from Eq. (2)-(3) with dropout
+    off, through the stock encoder's own forward: for h^- its embedding layer's output is
+    replaced by the fused one (--fuse layer; a hook here, in the reference only), or the fused
+    word embeddings go in as inputs_embeds (--fuse word)."""
+    L = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
+    ids, ids_f = F.pad(x["input_ids"], (0, L - x["input_ids"].shape[1])), F.pad(xf["input_ids"], (0, L - xf["input_ids"].shape[1]))
+    mask = F.pad(x["attention_mask"], (0, L - x["attention_mask"].shape[1]))
+    mask_f = F.pad(xf["attention_mask"], (0, L - xf["attention_mask"].shape[1]))
+    rows = []
+    for i in range(ids.shape[0]):
+        xi, fi = ids[i:i + 1], ids_f[i:i + 1]                            # (1, L)
+        union = torch.maximum(mask[i:i + 1], mask_f[i:i + 1])           # (1, L)
+        y = stock.embeddings(input_ids=xi)                               # (1, L, d)
+        h = mlp(stock(input_ids=xi, attention_mask=mask[i:i + 1]).last_hidden_state[:, 0])
+        if fuse == "layer":
+            emb_frat = eps * y + (1 - eps) * bel_f(input_ids=fi)         # Eq. (3)
+            hook = stock.embeddings.register_forward_hook(lambda m, inp, out: emb_frat)
+            out = stock(input_ids=xi, attention_mask=union)
+            hook.remove()
+        else:
+            w = eps * stock.embeddings.word_embeddings(xi) + (1 - eps) * bel_f.word_embeddings(fi)
+            emb_frat = stock.embeddings(inputs_embeds=w)
+            out = stock(inputs_embeds=w, attention_mask=union)
+        rows.append((h, h, mlp(out.last_hidden_state[:, 0]), y, y, emb_frat))
+    return [torch.cat(c) for c in zip(*rows)]                            # h, h+, h-, emb, emb+, emb-
+
+
+@pytest.mark.parametrize("fuse", ["layer", "word"])
+def test_three_views_and_loss_match_a_per_row_reference(fuse):
+    enc, enc_f = tiny_encoder(dropout=0.0, seed=5), tiny_encoder(vocab=60, dropout=0.0, seed=6)
+    stock = copy.deepcopy(enc).eval()
+    args = make_args(fuse=fuse, eps=0.9, queue_len=8, tau=TAU)
+    model = ifcl.IFCL(enc, enc_f.embeddings, args, 0, 0).train()
+    # x^- longer than x in some rows (the fused rows attend over the union), shorter in others
+    batch = {"text": ids_batch([3, 5, 2, 4], seed=3), "frat": ids_batch([4, 2, 6, 3], vocab=60, seed=4)}
+    with torch.no_grad():
+        h, h_pos, h_frat, emb, emb_pos, emb_frat = per_row_reference(
+            stock, enc_f.embeddings, model.mlp, batch["text"], batch["frat"], 0.9, fuse)
+        z, emb3, mask, mask_frat = model.three_views(batch)
+    assert torch.allclose(z, torch.cat([h, h_pos, h_frat]), atol=1e-5)
+    assert torch.allclose(emb3, torch.cat([emb, emb_pos, emb_frat]), atol=1e-5)
+    loss, terms = model(batch)                                           # step 0: the queue is empty
+    margin = ifcl.innate_margin(emb, emb_pos, emb_frat, mask, mask_frat)
+    want = (ifcl.identical_loss(h, h_pos, torch.zeros(0, 16), torch.zeros(0), TAU)
+            + ifcl.fraternal_loss(h, h_frat, TAU) + ifcl.twins_loss(h, h_pos, h_frat, margin))
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_dropout_comes_after_the_fusion():
+    """Algorithm 1, line 6: emb^- = Dropout(Fusion(...)): the fused rows are the fused values,
+    some zeroed and the rest scaled by 1/(1 - rho); each view has its own dropout mask."""
+    rho = 0.5
+    enc, enc_f = tiny_encoder(dropout=rho, seed=7), tiny_encoder(vocab=60, seed=8)
+    stock_emb = copy.deepcopy(enc.embeddings).eval()                      # no dropout of its own
+    model = ifcl.IFCL(enc, enc_f.embeddings, make_args(eps=0.9), 0, 0).train()
+    x, xf = ids_batch([3, 5, 2], seed=1), ids_batch([3, 5, 2], vocab=60, seed=2)
+    torch.manual_seed(0)
+    _, emb, _, _ = model.three_views({"text": x, "frat": xf})
+    N = 3
+    y = stock_emb(input_ids=x["input_ids"])                               # (N, L, d)
+    fused = 0.9 * y + 0.1 * enc_f.embeddings.eval()(input_ids=xf["input_ids"])
+    for view, clean in [(emb[:N], y), (emb[N:2 * N], y), (emb[2 * N:], fused)]:
+        kept = view != 0
+        assert 0.3 < float(kept.float().mean()) < 0.7                       # about 1 - rho kept
+        assert torch.allclose(view[kept], clean[kept] / (1 - rho), atol=1e-5)
+    assert not torch.equal(emb[:N] != 0, emb[N:2 * N] != 0)               # z_i and z_i^+ differ
+
+
+def test_no_mlp_trains_on_raw_cls_and_queues_it():
+    """--no_mlp (Sentence-BERT's pipeline): no MLP parameters, the loss and the queue use the
+    raw [CLS]; by default (SimCSE's recipe) the MLP is there."""
+    torch.manual_seed(0)
+    enc = tiny_encoder()
+    stock = copy.deepcopy(enc)
+    default = ifcl.IFCL(copy.deepcopy(enc), None, make_args(no_fraternal=True, no_twins=True), 0, 0)
+    assert {k for k, _ in default.named_parameters() if k.startswith("mlp.")} == {"mlp.dense.weight", "mlp.dense.bias"}
+    assert common.parse_args(ifcl.Args, ["--no_mlp"]).no_mlp and not ifcl.Args().no_mlp
+    args = make_args(no_fraternal=True, no_twins=True, queue_len=6, tau=TAU, no_mlp=True)
+    model = ifcl.IFCL(enc, None, args, 0, 0).train()
+    assert model.mlp is None and not any("mlp" in k for k, _ in model.named_parameters())
+    x = ids_batch([3, 5, 4, 2])
+    torch.manual_seed(7)
+    loss, _ = model({"text": x})
+    torch.manual_seed(7)
+    z = stock.train()(**common.concat_batches([x, x])).last_hidden_state[:, 0]   # raw [CLS], (2N, d)
+    assert float(loss.detach()) == pytest.approx(float(simcse.simcse_loss(z[:4], z[4:], TAU).detach()), rel=1e-6)
+    assert torch.allclose(model.queue[:4], z[:4].detach(), atol=1e-6)
+    # the full model too: h, h^+, h^- are the raw [CLS] of the per-row reference
+    enc, enc_f = tiny_encoder(dropout=0.0, seed=5), tiny_encoder(vocab=60, dropout=0.0, seed=6)
+    stock = copy.deepcopy(enc).eval()
+    full = ifcl.IFCL(enc, enc_f.embeddings, make_args(no_mlp=True), 0, 0).train()
+    batch = {"text": ids_batch([3, 5, 2, 4], seed=3), "frat": ids_batch([4, 2, 6, 3], vocab=60, seed=4)}
+    with torch.no_grad():
+        ref = per_row_reference(stock, enc_f.embeddings, lambda v: v, batch["text"], batch["frat"], 0.9, "layer")
+        assert torch.allclose(full.three_views(batch)[0], torch.cat(ref[:3]), atol=1e-5)
 
 
 # -------------------------------------------------------------------------------------
@@ -421,8 +549,9 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     assert any("stsb_dev" in r for r in recs)
     train_recs = [r for r in recs if "loss" in r]
     assert train_recs and all(k in train_recs[-1] for k in ("l_identical", "l_fraternal", "l_twins", "margin"))
-    # what the mechanism acts on, every step (--log_every 1): the queue of 20 fills by 8 a step
-    assert [r["queue_fill"] for r in train_recs] == pytest.approx([0.4, 0.8, 1.0, 1.0])
+    # what the mechanism acts on, every step (--log_every 1): the share of the queue of 20 that
+    # the step's Eq. (6) used, filled by 8 a step
+    assert [r["queue_fill"] for r in train_recs] == pytest.approx([0.0, 0.4, 0.8, 1.0])
     assert all(-1 <= r[k] <= 1 for r in train_recs for k in ("cos_identical", "cos_fraternal"))
     assert all(r["twins_gap"] == pytest.approx(math.exp(r["cos_identical"]) - math.exp(r["cos_fraternal"]), abs=0.2)
                for r in train_recs)

@@ -295,16 +295,23 @@ def test_rcl_killed_and_resumed_reads_as_one_run(tmp_path, tiny_bert, sentences,
 # One process per run folder
 # ------------------------------------------------------------------------------------
 
-# simcse.py with every training step slowed by 0.3 s: a run that is surely still alive while a
-# second process tries its folder (the run itself is unchanged)
-SLOW_RUN = """
+# simcse.py that holds still before its 3rd step, after its first checkpoint (step 2), for up to
+# 10 minutes: a run that is surely alive while a second process tries its folder, however slow
+# the machine (the steps it trains are unchanged)
+HELD_RUN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import common, simcse
-real = common.make_step
+real, calls = common.make_step, [0]
 def make_step(*a, **k):
     step = real(*a, **k)
-    return lambda batch: (time.sleep(0.3), step(batch))[1]
+    def held(batch):
+        calls[0] += 1
+        t0 = time.time()
+        while calls[0] == 3 and time.time() - t0 < 600:
+            time.sleep(0.1)
+        return step(batch)
+    return held
 common.make_step = make_step
 common.run_main(simcse.main, sys.argv[2:])
 """
@@ -322,7 +329,7 @@ def test_a_second_process_on_a_live_run_stops_and_a_killed_one_does_not_block(
             "--max_steps", "30", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3", "--max_len", "16"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(ROOT), *argv], env=env,
+    first = subprocess.Popen([sys.executable, "-c", HELD_RUN, str(ROOT), *argv], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.time()
