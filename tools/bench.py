@@ -1,4 +1,4 @@
-"""A method's training step, timed as train() runs it, beside the plain fp32 eager step.
+r"""A method's training step, timed as train() runs it, beside the plain fp32 eager step.
 
     python tools/bench.py --method simcse --config bert-base-uncased --batch_size 64 --max_len 32 \
         --steps 300 --sts_dir ../shared/data/sts --tokenizer ../shared/models/all-MiniLM-L6-v2 --profile trace.json

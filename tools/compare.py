@@ -1,4 +1,4 @@
-"""Finished runs side by side: the 7 STS tasks and their average, one row a configuration.
+r"""Finished runs side by side: the 7 STS tasks and their average, one row a configuration.
 
     python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
     python tools/compare.py runs/tb/simcse-s* --baseline ../shared/models/all-MiniLM-L6-v2 \
