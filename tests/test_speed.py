@@ -176,7 +176,10 @@ def test_the_cuda_path_simulated_on_cpu(world_size, monkeypatch):
     assert not hasattr(opt, "grad_scale")                # one step's divisor only
     assert sched.last_epoch == len(batches)
     want = _plain_losses(batches, fused=True, max_grad_norm=0.5, world_size=world_size)
-    assert [float(l) for l, _ in got] == pytest.approx(want, rel=1e-5)
+    # rel 1e-3: the loss falls to about 1e-4 by the 4th step, where dividing by the clip divisor
+    # and clip_grad_norm_'s multiplication round apart by up to 6e-5 relative (the CPU's kernels
+    # decide); clipping at 0.6 instead of 0.5 moves that loss by 3%, no clipping by 30%
+    assert [float(l) for l, _ in got] == pytest.approx(want, rel=1e-3)
     loss = got[0][0]
     assert loss.requires_grad is False and loss.dtype == torch.float32
 
