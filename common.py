@@ -1,19 +1,21 @@
-"""What every method script calls, once, in the order a training run needs it; each section
-uses only what stands above it. A script (simcse.py, focal_infonce.py, ifcl.py, conisi.py,
-rcl.py) holds its paper: losses, augmentations, heads.
+"""The shared half of every method script, in the order a training run meets it. A script
+(simcse.py, focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper: losses,
+augmentations, heads, its paper's rows; this file holds the rest.
 
-    Flags            arg(), TrainArgs (the shared flags, each with its source and range), parse_args
-    Data             load_columns (a text file or SimCSE's CSV), tokenize (once, cached), batches;
-                     the download of SimCSE's data, proven whole by its content
-    Models           load_encoder, MLP, pool (SimCSE's poolers), autocast, fp32, make_encode
-    STS evaluation   evaluate_sts: the 7 tasks exactly as SimCSE's SentEval computes them
-    Distributed      world, gather (all-gather keeping the local gradient), barrier
-    Checkpoints      save_pretrained_dir (AutoModel and SentenceTransformer load it), atomic
-                     folders, the run-folder lock
-    The step         make_step: forward, backward, clip, AdamW, schedule (compiled on CUDA)
-    The loop         start (every flag and file checked first), train (batch, step, log,
-                     evaluate, checkpoint, resume)
-    Command line     python common.py eval --model <hub name or dir> --pooler avg | download
+For a reader of the papers, top to bottom:
+    Flags            arg(), TrainArgs: the shared flags, each with its source and range
+    Data             the training file, tokenised once into integer arrays, batches
+    Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
+    STS evaluation   evaluate_sts: the 7 tasks as SimCSE's SentEval computes them;
+                     alignment and uniformity (Wang & Isola)
+    The paper's rows PaperRow, select_rows: the published row a run's flags reproduce
+    Distributed      gather: under torchrun every loss sees the global batch
+    The step         train_step: forward, backward, clip, AdamW, schedule
+    The loop         train: batch, step, log, evaluate, checkpoint; the final report
+Below the `Infrastructure` banner, what keeps runs safe and fast (a reader may stop there):
+downloads and their checks, the run folder (lock, atomic writes, checkpoint and resume),
+the sentence-transformers export, the compiled step, the command line
+(python common.py eval | download).
 
 The commands around training live in tools/: compare.py, bench.py, translate.py.
 """
@@ -29,6 +31,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import shlex
@@ -37,6 +40,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import typing
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +82,9 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
     (ge: >=, gt: >, le: <=, lt: <; for a list, every element), checked by check_ranges.
     `note` is added to a range error: why the range, and the values the paper used.
     `positional`: a list read from the command line's bare words (compare's run folders)."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
     meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
-            "range": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}}
+            "range": {k: v for k, v in bounds.items() if v is not None}}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -102,12 +107,18 @@ def check_ranges(args: Any) -> None:
         for x in value if isinstance(value, list) else [value]:
             for k, bound in f.metadata.get("range", {}).items():
                 word, ok = RANGE_WORDS[k]
-                if not ok(x, bound):
-                    default = field_default(f)
-                    default = " ".join(map(str, default)) if isinstance(default, list) else default
-                    note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
-                    raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
-                                    f"range, e.g. the default --{f.name} {default}.")
+                if ok(x, bound):
+                    continue
+                default = field_default(f)
+                default = " ".join(map(str, default)) if isinstance(default, list) else default
+                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
+                                f"range, e.g. the default --{f.name} {default}.")
+
+
+# Flags that say where and how a run is written and shown, not what it trains: a --resume may
+# change them, the default run folder's name leaves them out, and compare.py ignores them
+NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
 
 
 @dataclass
@@ -118,7 +129,9 @@ class TrainArgs:
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (downloaded on first use)",
                     "SimCSE paper Sec. 3")
     model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "SimCSE paper Sec. 3")
-    output_dir: str = arg("runs/run", "run folder: args.json, metrics.jsonl, best/, last/")
+    output_dir: str = arg("", "run folder: args.json, metrics.jsonl, best/, last/ (default: "
+                          "runs/<script>/<the flags that differ from their defaults>, e.g. "
+                          "runs/focal_infonce/m0.2; runs/<script>/default with none)")
     max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)", ge=0)
     epochs: int = arg(1, "passes over the data (0 only with --max_steps)", "SimCSE paper App. A", ge=0)
     batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "SimCSE paper App. A", ge=1)
@@ -137,12 +150,18 @@ class TrainArgs:
     compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
     # a script's own paper as the source of shared defaults it states too: {"lr": "paper Tab. 1"}
     sources: ClassVar[dict[str, str]] = {}
+    # defaults that replace the ones above when --data is a CSV (supervised SimCSE's)
+    csv_defaults: ClassVar[dict[str, Any]] = {}
+    # a script's flags that choose no paper row (another data file, say): PaperRow, select_rows
+    row_free: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
         """The flags on their own, before any file is read or downloaded: every field's range,
         then the rules between flags (the script's own: rules()). common.start then checks the
         files and the encoder."""
         check_ranges(self)
+        if not self.output_dir:
+            self.output_dir = default_output_dir(self)
         if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
             raise UserError(f"--output_dir {self.output_dir}: is a file; it must be a folder (the run "
                             f"folder). Pass a new folder's path, or that of a run to --resume.")
@@ -155,44 +174,10 @@ class TrainArgs:
         """A script's own rules between flags (a form of --data it cannot train on, say): its
         Args overrides this. Each error names the flag and what to pass instead."""
 
-
-def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
-    """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
-    p = argparse.ArgumentParser(description=description, prog=prog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(cls):
-        t = str(f.type).replace(" ", "")                 # annotations are strings here: "list[float]"
-        is_list, default = t.startswith("list["), field_default(f)
-        typ = {"int": int, "float": float, "bool": bool}.get(t[5:-1] if is_list else t, str)
-        # the real default in --help; SUPPRESS tells parse_args which flags were given
-        source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{f.metadata.get('help', '')} "
-                              f"[{source}] (default: {default})"}
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        if f.metadata.get("positional"):
-            p.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
-        elif typ is bool:
-            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction if default else "store_true", **kw)
-        else:
-            p.add_argument(f"--{f.name}", type=typ, nargs="*" if is_list else None, **kw)
-    return p
-
-
-def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | None = None,
-               description: str | None = None, prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls` (a dataclass of arg()
-    fields), each value's range checked. Flags the user gave always win; `csv_defaults` replace
-    the dataclass defaults when --data is a CSV (the supervised form). A training script's
-    files and rules are checked by common.start (TrainArgs.check)."""
-    given = vars(build_parser(cls, description, prog).parse_args(argv))
-    args = cls(**given)
-    if csv_defaults and str(getattr(args, "data", "")).lower().endswith(".csv"):
-        for k, v in csv_defaults.items():
-            if k not in given:
-                setattr(args, k, v)
-    check_ranges(args)
-    return args
+    def settle(self, data_rows: int) -> None:
+        """Flags whose value depends on the data, settled once the data is known and before
+        args.json is written (RCL's --eval_every 0: every 10% of an epoch). Its Args overrides
+        this."""
 
 
 # =====================================================================================
@@ -212,22 +197,6 @@ def read_once(read: Callable) -> Callable:
         stat = Path(path).stat() if Path(path).is_file() else None
         return cached(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size))
     return wrapped
-
-
-def _read_text(path: Path, flag: str, what: str, download: str) -> str:
-    """A training file's text, or a UserError that names the flag, the file and what to do."""
-    if path.is_dir():
-        raise UserError(f"{flag} {path}: is a folder, not a file. Pass {what}.")
-    if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python common.py download` "
-                        f"for {download}.")
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise UserError(f"{flag} {path}: line {line} is not UTF-8 ({e.reason} at byte {e.start}). "
-                        f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
 
 
 @read_once
@@ -272,12 +241,6 @@ def load_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]
 def data_rows(path: str | Path) -> int:
     """Examples in --data: its sentences, or its CSV rows."""
     return len(next(iter(load_columns(path).values())))
-
-
-def count_lines(path: str | Path) -> int:
-    """Lines of a file, read as bytes (any encoding, any size)."""
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
 
 
 @dataclass
@@ -336,14 +299,6 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
     return Tokens(ids, lengths, pad_id)
 
 
-def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
-    """--cache_dir when given, else a .cache folder beside the data when that is writable."""
-    if cache_dir:
-        return Path(cache_dir)
-    folder = Path(data_path).resolve().parent
-    return folder / ".cache" if os.access(folder, os.W_OK) else Path(tempfile.gettempdir()) / "cl-sent-cache"
-
-
 def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
                      max_len: int | None = None) -> dict[str, Tokens]:
     """Tokenise every column of load_columns() with the encoder's tokenizer (cached)."""
@@ -384,100 +339,11 @@ def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
                 for kk, vv in col.batch(idx, pad_to).items()} for k, col in data.items()}
 
 
-def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None:
-    if batch_size > n:
-        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
-                        f"--data {data}). Lower --batch_size to at most {n} or give more data.")
-    if batch_size % world_size:
-        raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
-
-
-# -------------------------------------------------------------------------------------
-# The download of SimCSE's files (data/ on first use, or `python common.py download`), each
-# proven whole by its content before it is kept; the STS data: download_sts, below
-# -------------------------------------------------------------------------------------
-
-DATA_DIR = Path("data")
-UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
-WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
-WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
-AGAIN = "Run `python common.py download` again."
-
-
-def fetch(url: str, dest: Path) -> None:
-    """Stream `url` into `dest` with a progress bar."""
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
-            bar = progress(total=int(r.headers.get("Content-Length") or 0) or None,
-                           desc=dest.name.split(".part")[0], unit="B")
-            while chunk := r.read(1 << 20):
-                bar.update(f.write(chunk))
-            bar.close()
-    except OSError as e:
-        raise UserError(f"could not download {url}: {e}. Check the network, or pass --base_url to a mirror.")
-
-
-def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
-    """No checksum of SimCSE's files could be verified here, so each is proven whole by its
-    content: wiki1m by its 1,000,000 lines; the NLI file by its header, sent0,sent1,hard_neg,
-    and three cells a row."""
-    if name == WIKI1M:
-        lines, expected = count_lines(path), wiki1m_lines or WIKI1M_LINES
-        if lines != expected:
-            raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
-                            f"is incomplete or corrupted. {AGAIN}")
-        return
-    try:
-        with open(path, encoding="utf-8", errors="strict", newline="") as f:
-            rows = csv.reader(f)
-            if ",".join(header := next(rows, [])) != "sent0,sent1,hard_neg":
-                raise UserError(f"{name}: header {','.join(header)!r}, expected 'sent0,sent1,hard_neg': "
-                                f"the download is corrupted. {AGAIN}")
-            for i, row in enumerate(rows, start=2):
-                if len(row) != 3:
-                    raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the download "
-                                    f"is incomplete. {AGAIN}")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. {AGAIN}")
-
-
-def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines: int | None = None) -> Path:
-    """wiki1m or the NLI triplets into `dest`, unless already there: written under a temporary
-    name and renamed only after its content check passes."""
-    final, part = dest / name, dest / f"{name}.part"
-    if final.exists():
-        print(f"{final}: present, not fetched again", file=sys.stderr)
-        return final
-    dest.mkdir(parents=True, exist_ok=True)
-    fetch(f"{base_url.rstrip('/')}/{name}", part)
-    try:
-        check_download(part, name, wiki1m_lines)
-    except UserError:
-        part.unlink(missing_ok=True)
-        raise
-    os.replace(part, final)
-    return final
-
-
 # =====================================================================================
 # Models: the encoder, SimCSE's MLP and poolers, precision, encoding for evaluation
 # =====================================================================================
 
 POOLERS = ["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"]
-
-
-def _not_loaded(flag: str, name: str, e: Exception) -> UserError:
-    return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
-                     f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
-
-
-def encoder_config(name: str, flag: str = "--model"):
-    """The config of a hub name or a local folder, no weights loaded."""
-    from transformers import AutoConfig
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise _not_loaded(flag, name, e)
 
 
 def max_positions(config, tokenizer=None) -> int:
@@ -487,13 +353,6 @@ def max_positions(config, tokenizer=None) -> int:
         n -= 2  # RoBERTa's positions start after the padding index
     tm = getattr(tokenizer, "model_max_length", n)
     return int(min(n, tm)) if tm and tm < 10**8 else int(n)
-
-
-@functools.lru_cache(maxsize=4)
-def encoder_positions(name: str, flag: str = "--model") -> int:
-    """max_positions of encoder `name`, from its config alone; read once, however many checks
-    ask (common.start's, and ConIsI's, whose pairs take twice --max_len)."""
-    return max_positions(encoder_config(name, flag))
 
 
 def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
@@ -516,6 +375,11 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "
                         f"needs one.")
+    # BERT's NSP pooler is in no loss (SimCSE's MLP is a module of its own, written into the
+    # pooler's weights only when a `cls` model is saved): frozen, so that neither AdamW nor DDP
+    # waits for a gradient it never gets
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler.requires_grad_(False)
     return tokenizer, encoder
 
 
@@ -634,9 +498,8 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
 
     return encode
 
-
 # =====================================================================================
-# STS evaluation (../shared/specs/sts_protocol.md), as SimCSE's fork of SentEval does it
+# STS evaluation, as SimCSE's fork of SentEval computes it (SentEval's STS readers)
 # =====================================================================================
 
 STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
@@ -656,12 +519,14 @@ TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "ST
 
 
 def _norm(s: str) -> str:
-    # Step 4: whitespace-split and re-join (the files are already tokenised)
+    # SentEval splits on whitespace and joins again: the files are already tokenised, and a
+    # sentence is neither lowercased nor cut to the training max_len
     return " ".join(s.split())
 
 
 def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:
-    """{subset: (sent1 list, sent2 list, gold array)} for one task, parsed per the spec."""
+    """{subset: (sent1 list, sent2 list, gold array)} for one task, parsed as SentEval's
+    STS12-16, STSBenchmark and SICKRelatedness readers parse it."""
     d = Path(data_dir)
     if task in STS_SUBSETS:
         year = task[3:]
@@ -673,7 +538,7 @@ def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict
             gold = gs.read_text(encoding="utf-8").splitlines()
             if len(pairs) != len(gold) or any(len(p) != 2 for p in pairs):
                 raise UserError(f"{inp}: expected one tab-separated pair per gold line of {gs}")
-            # Step 1: drop the pairs whose gold line is empty
+            # a pair whose gold line is empty is dropped (STS13-16 leave some pairs unscored)
             keep = [i for i, g in enumerate(gold) if g != ""]
             out[sub] = ([_norm(pairs[i][0]) for i in keep], [_norm(pairs[i][1]) for i in keep],
                         np.array([float(gold[i]) for i in keep]))
@@ -681,20 +546,20 @@ def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict
     if task == "STSBenchmark":
         path = d / "STS" / "STSBenchmark" / f"sts-{split}.csv"
         rows = [l.strip().split("\t") for l in path.read_text(encoding="utf-8").splitlines()]
-        # Step 2: gold = column 4, sentences = columns 5 and 6
+        # tab-separated, no header: gold in column 4, the sentences in columns 5 and 6
         return {split: ([_norm(r[5]) for r in rows], [_norm(r[6]) for r in rows],
                         np.array([float(r[4]) for r in rows]))}
     if task == "SICKRelatedness":
         name = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]
         rows = [l.strip().split("\t") for l in (d / "SICK" / name).read_text(encoding="utf-8").splitlines()[1:]]
-        # Step 3: skip the header; sentences = columns 1 and 2, gold = column 3
+        # a header line, then the sentences in columns 1 and 2, the gold score in column 3
         return {split: ([_norm(r[1]) for r in rows], [_norm(r[2]) for r in rows],
                         np.array([float(r[3]) for r in rows]))}
     raise ValueError(f"unknown STS task {task!r}; one of {STS_TASKS}")
 
 
 def cosine_rows(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Row-wise cosine; a zero vector gives 0, never NaN (step 5)."""
+    """Row-wise cosine; a zero vector gives 0, never NaN (SentEval's NaN -> 0)."""
     u, v = u.astype(np.float64), v.astype(np.float64)
     nu, nv = np.linalg.norm(u, axis=1), np.linalg.norm(v, axis=1)
     den = nu * nv
@@ -706,22 +571,9 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
     return 0.0 if np.isnan(r) else float(r) * 100
 
 
-def is_sts_dir(folder: str | Path) -> bool:
-    """Whether `folder` holds SentEval's STS/ and SICK/ folders."""
-    return (Path(folder) / "STS").is_dir() and (Path(folder) / "SICK").is_dir()
-
-
-def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir must hold SentEval's STS/ and SICK/ folders: checked before training starts
-    (common.start) and before every evaluation."""
-    if not is_sts_dir(sts_dir):
-        raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
-                        f"Run `python common.py download` and pass --sts_dir data/sts.")
-
-
 def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
                  tasks: list[str] | None = None, split: str = "test") -> dict:
-    """Spearman x100 of cosine similarity on the STS tasks, per ../shared/specs/sts_protocol.md.
+    """Spearman x100 of cosine similarity on the STS tasks, as SimCSE's SentEval computes it.
 
     split="test": the 7 tasks (STS12-16 report "all": one Spearman over the task's pairs
     concatenated); split="dev": STS-B dev and SICK-R trial. res["avg"] = mean of the reported
@@ -754,97 +606,165 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
 
 
 def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
-                         split: str = "dev") -> dict[str, float]:
-    """Wang & Isola (2020) as SimCSE reports them, on STS-B (step 11): alignment = mean
+                         split: str = "test") -> dict[str, float]:
+    """Wang & Isola (2020) as SimCSE reports them, on STS-B: alignment = mean
     ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
-    over all distinct pairs of the split's sentences; f L2-normalised.
-    NOTE(ours): the dev split by default (the split SimCSE tunes on), test by flag."""
+    over all distinct pairs of the split's sentences; f L2-normalised. Lower is better for both.
+    NOTE(ours): the test split by default, the split of Focal-InfoNCE's Tab. 3 (its SpCorr
+    column repeats the STS-B test figures of its Tab. 2)."""
     a, b, gold = load_sts_pairs(data_dir, "STSBenchmark", split)[split]
     pos = gold > 4
     sents = sorted(set(a) | set(b))
-    emb = torch.from_numpy(encode(sents)).double()
+    emb = torch.from_numpy(encode(sents)).double()                          # (U, d)
     f = F.normalize(emb, dim=-1)                                            # (U, d)
     row = {s: i for i, s in enumerate(sents)}
     fa = f[[row[s] for s, p in zip(a, pos) if p]]                           # (P, d)
     fb = f[[row[s] for s, p in zip(b, pos) if p]]                           # (P, d)
-    align = (fa - fb).norm(dim=1).pow(2).mean()
+    align = (fa - fb).norm(dim=1).pow(2).mean()                             # ()
     sq = torch.pdist(f).pow(2)                                              # (U(U-1)/2,)
-    unif = sq.mul(-2).exp().mean().log()
+    unif = sq.mul(-2).exp().mean().log()                                    # ()
     return {"alignment": float(align), "uniformity": float(unif)}
+
+
+def saved_encoder(model: str | Path, pooler: str, batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
+    """make_encode() of an encoder as saved (a hub name or a folder), read off with `pooler`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer, encoder = load_encoder(str(model))
+    encoder.to(device)
+    mlp = mlp_from_pooler(encoder, model) if pooler == "cls" else None
+    return make_encode(encoder, tokenizer, pooler, mlp, batch_size)
 
 
 def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[str] | None = None,
                      split: str = "test", batch_size: int = 128) -> dict:
     """evaluate_sts of an encoder as saved (hub name or folder), read off with `pooler`."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tok, enc = load_encoder(model)
-    enc.to(device)
-    mlp = mlp_from_pooler(enc, model) if pooler == "cls" else None
-    return evaluate_sts(make_encode(enc, tok, pooler, mlp, batch_size), sts_dir, tasks=tasks, split=split)
+    return evaluate_sts(saved_encoder(model, pooler, batch_size), sts_dir, tasks=tasks, split=split)
 
 
-def format_sts_table(res: dict, paper: tuple[str, dict] | None = None, name: str = "this run") -> str:
-    """The STS table of a result, with the paper's row, paper = (name, {task: figure}), beside it."""
+def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str = "this run") -> str:
+    """The STS table of a result, with other rows beside it: (label, {task: figure, "avg": ...});
+    a figure a row does not give shows as '-'."""
     tasks = [t for t in STS_TASKS if t in res]
-    w = max(len(name), len(paper[0]) if paper else 0) + 2
-    rows = [(name, {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]})] + ([paper] if paper else [])
-    lines = [f"{'':{w}s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"]
-    lines += [f"{name:{w}s}" + "".join(f"{fig[t]:8.2f}" if t in fig else f"{'-':>8s}" for t in tasks + ["avg"])
-              for name, fig in rows]
+    rows = [(name, {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]}), *others]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = [f"{'':{width}s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"]
+    for label, figures in rows:
+        cells = [f"{figures[t]:8.2f}" if t in figures else f"{'-':>8s}" for t in tasks + ["avg"]]
+        lines.append(f"{label:{width}s}" + "".join(cells))
     lines.append("Spearman x100 of cosine similarity; STS12-16 report 'all' (one correlation over "
                  "each task's pairs); STS-B and SICK-R their test sets, unless the dev split is asked for.")
     return "\n".join(lines)
 
 
-def check_sts(folder: Path) -> None:
-    """The STS data are whole when every task parses to the spec's kept pair counts."""
-    for task in STS_TASKS:
-        try:
-            got = [len(g) for split in (["test"] if task in STS_SUBSETS else ["train", "dev", "test"])
-                   for _, _, g in load_sts_pairs(folder, task, split).values()]
-        except (OSError, ValueError, IndexError, UserError) as e:
-            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. Run `python common.py download` again.")
-        if got != STS_PAIR_COUNTS[task]:
-            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {STS_PAIR_COUNTS[task]}: "
-                            f"the download is incomplete or corrupted.")
+# =====================================================================================
+# The paper's rows: the published figures a run's flags reproduce, printed beside its own
+# =====================================================================================
+
+# Flags a row does not depend on: the budget and the data, so that a short run, or one on other
+# sentences, still shows its row (a row that needs a CSV names it: PaperRow.data)
+ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
+FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 
 
-def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
-    """SentEval's STS data into dest/sts, unless already there: unpacked and checked
-    (check_sts) in a temporary folder, moved into place only once whole."""
-    final = dest / "sts"
-    if is_sts_dir(final):
-        print(f"{final}: present, not fetched again", file=sys.stderr)
-        return final
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
-        tmp = Path(tmp)
-        fetch(f"{base_url.rstrip('/')}/{SENTEVAL}", tmp / SENTEVAL)
-        try:
-            with tarfile.open(tmp / SENTEVAL) as tf:
-                tf.extractall(tmp / "x", filter="data")
-        except (tarfile.TarError, EOFError) as e:
-            raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is "
-                            f"corrupted. Run `python common.py download` again.")
-        # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
-        roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
-        if not roots or not (roots[0].parent / "SICK").is_dir():
-            raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download is "
-                            f"corrupted or not SentEval's archive.")
-        stage = tmp / "sts"
-        stage.mkdir()
-        shutil.move(str(roots[0]), stage / "STS")
-        shutil.move(str(roots[0].parent / "SICK"), stage / "SICK")
-        check_sts(stage)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(stage, final)
-    return final
+@dataclass(frozen=True)
+class PaperRow:
+    """One row of a table of a method's paper, as data: the flags that reproduce it and the
+    figures it published. train() ends by printing each row the run's flags select beside the
+    run's own figures on the same split, and keeps them in best/test_metrics.json."""
+    table: str                           # "Tab. 2"
+    name: str                            # the row as the paper names it: "SimCSE-BERT_base"
+    figures: dict[str, float]            # keys from FIGURE_KEYS: {"STS12": 68.4, ..., "avg": 76.25}
+    split: str = "test"                  # test: STS test sets (or all of STS-B test); dev: STS-B dev
+    flags: dict[str, Any] = field(default_factory=dict)   # values that make the row, where not default
+    model: str = ""                      # the encoder the paper trained ("": the script's --model default)
+    data: str = ""                       # "": any text file; else the file name of the CSV it needs
+    note: str = ""                       # printed with it: "a mean over seeds", "our reading: ..."
+
+    @property
+    def label(self) -> str:
+        return f"{self.table} {self.name}"
+
+    def headline(self) -> list[float]:
+        """The figures a list of rows shows for this one (the README's tables): the 7-task
+        average when the row gives one, else every figure, in order."""
+        return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
+
+
+def _model_name(name: str) -> str:
+    """A model as rows name it: the hub name's last part, lower case (FacebookAI/roberta-base
+    and roberta-base are one model)."""
+    return Path(name.rstrip("/")).name.lower()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, PaperRow]], str]:
+    """The rows that `args` reproduces, each with the label to print, and a note ("" when all
+    is plain). A row matches when its model and data are the run's and every flag that changes
+    training (not NOT_TRAINING, ROW_FREE or the script's own `row_free`) has the row's value,
+    or the default where the row names none. A model the paper did not train (a small testbed
+    encoder, a local folder) is compared as the paper's default model, and its rows are
+    labelled with that model. No match: the note names the flags no row covers."""
+    defaults = defaults_of(args)
+    free = set(NOT_TRAINING) | set(ROW_FREE) | set(getattr(type(args), "row_free", ())) | {"model"}
+    paper_models = {_model_name(r.model or defaults.model) for r in rows}
+    model = _model_name(args.model)
+    stand_in = model not in paper_models
+    if stand_in:
+        model = _model_name(defaults.model)
+    csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
+    picked = []
+    for r in rows:
+        if _model_name(r.model or defaults.model) != model or r.data != csv_name:
+            continue
+        if all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
+               for f in dataclasses.fields(args) if f.name not in free):
+            suffix = f" [paper: {r.model or defaults.model}]" if stand_in else ""
+            picked.append((r.label + suffix, r))
+    note = ""
+    if stand_in and picked:
+        note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
+                f"{defaults.model}, a reference rather than a target")
+    if not picked:
+        changed = changed_flags(args, tuple(free))
+        named = [flag_text(k, v) for k, v in changed.items()]
+        if not stand_in and model != _model_name(defaults.model):
+            named.insert(0, f"--model {args.model}")
+        if csv_name:
+            named.insert(0, f"--data {csv_name}")
+        note = f"the paper reports no row for {' '.join(named) or 'these flags'}"
+    return picked, note
+
+
+def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:
+    """The end of a run: the note, the 7 STS tasks beside the rows on test sets, then
+    alignment and uniformity (STS-B test) and STS-B dev, each beside the rows that give it."""
+    lines = [f"note: {note}"] if note else []
+    on_test = [(label, r.figures) for label, r in picked
+               if r.split == "test" and any(k in r.figures for k in (*STS_TASKS, "avg"))]
+    lines.append(format_sts_table(res, on_test))
+    au = [(label, r) for label, r in picked if r.split == "test" and "alignment" in r.figures]
+    if "alignment" in res:
+        beside = "".join(f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
+                         for label, r in au)
+        lines.append(f"alignment / uniformity on STS-B test (lower is better): this run "
+                     f"{res['alignment']:.3f} / {res['uniformity']:.3f}{beside}")
+    on_dev = [(label, r) for label, r in picked if r.split == "dev"]
+    if on_dev and dev_best is not None:
+        beside = "".join(f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in on_dev)
+        lines.append(f"STS-B dev: this run {dev_best:.2f} (the best evaluation, kept in best/){beside}")
+    lines += [f"({label}: {r.note})" for label, r in picked if r.note]
+    return "\n".join(lines)
 
 
 # =====================================================================================
-# Distributed (torchrun): the contrastive loss sees the global batch
+# Distributed (torchrun): every loss sees the global batch
 # =====================================================================================
 
 def world() -> tuple[int, int]:
@@ -906,13 +826,415 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+
 # =====================================================================================
-# Checkpoints: Hugging Face + sentence-transformers in one folder, written atomically;
-# one process per run folder
+# The loop's parts: the seed, the log's running means, what an evaluation records
 # =====================================================================================
 
-ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
 
+
+class Meter:
+    """The log's running figures, summed on the device (read once a log line: the only wait):
+    the loss and the extra terms since the last log line, the loss since should_stop's last
+    call, whether any loss was NaN or infinite."""
+
+    def __init__(self, device: torch.device, since_check: list | None = None):
+        self.zero = torch.zeros((), device=device)
+        self.bad = self.zero.bool()
+        self.loss = self.zero
+        self.steps = 0
+        self.stats = {}
+        self.t0 = time.perf_counter()
+        # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
+        checked = since_check or [0.0, 0]
+        self.since_check = self.zero + checked[0]
+        self.steps_since_check = checked[1]
+
+    def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        self.bad |= ~torch.isfinite(loss)
+        self.loss = self.loss + loss
+        self.since_check = self.since_check + loss
+        self.steps += 1
+        self.steps_since_check += 1
+        self.stats = {k: self.stats.get(k, 0) + v for k, v in stats.items()}
+
+    def record(self, step: int, lr: float, epoch: int, batch_size: int) -> dict:
+        """The training record of metrics.jsonl: means since the last one; then starts again."""
+        seconds = time.perf_counter() - self.t0
+        record = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr, "epoch": epoch,
+                  "sent_per_s": batch_size * self.steps / seconds if seconds > 0 else 0.0,
+                  **{k: float(v) / self.steps for k, v in self.stats.items()}}
+        self.loss, self.steps, self.stats, self.t0 = self.zero, 0, {}, time.perf_counter()
+        return record
+
+    def loss_since_check(self) -> float:
+        mean = float(self.since_check) / self.steps_since_check
+        self.since_check, self.steps_since_check = self.zero, 0
+        return mean
+
+
+def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict[str, float]:
+    """What the log records at each evaluation: STS-B dev (which chooses best/), SICK-R trial,
+    their mean, and alignment and uniformity on STS-B test (as Focal-InfoNCE's Tab. 3; drawn
+    against each other they are SimCSE's Fig. 2: tools/compare.py --plot)."""
+    dev = evaluate_sts(encode, sts_dir, split="dev")
+    return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
+            "avg_dev": dev["avg"], **alignment_uniformity(encode, sts_dir)}
+
+
+# =====================================================================================
+# The step: forward, backward, clip, AdamW, schedule, in nanoGPT's order
+# =====================================================================================
+
+def make_optimizer(params: list, lr: float, weight_decay: float, total: int, device: torch.device):
+    """(AdamW, its schedule): on CUDA the fused AdamW kernel (one pass over weights, gradients
+    and both moments); the learning rate decays linearly from its peak to 0 over `total`
+    steps, no warm-up (SimCSE's HF Trainer default)."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+
+
+def train_step(model: Callable, batch: dict, opt, sched, max_grad_norm: float, device: torch.device,
+               world_size: int = 1, amp: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One optimizer step. model(batch) returns the loss, or (loss, {name: 0-dim tensor}) for
+    the log; `model` may be the module's compiled form (CompiledModel, on a GPU). Returns
+    detached copies of both."""
+    with autocast(device) if amp else contextlib.nullcontext():
+        out = model(batch)                                  # forward, in bf16 on a GPU
+    loss, stats = out if isinstance(out, tuple) else (out, {})
+    # under DDP every rank computes the same global loss (gather keeps the gradient of its own
+    # rows only) and DDP averages the gradients: times world_size gives one process's gradient
+    (loss * world_size).backward()
+    if max_grad_norm > 0:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    opt.step()                                              # AdamW
+    sched.step()                                            # linear decay
+    opt.zero_grad(set_to_none=True)
+    # copies: the next replay of a CUDA graph overwrites its outputs
+    return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
+
+
+# =====================================================================================
+# The loop: batch, step, log, evaluate, checkpoint; at the end the 7 STS tasks
+# =====================================================================================
+
+def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
+          paper_rows: list[PaperRow] = (), should_stop: Callable[[int, float], bool] | None = None,
+          final_eval: bool = True) -> dict:
+    """Train `model` into --output_dir, keeping the best model.encoder (+ model.mlp for the `cls`
+    pooler) by STS-B dev; at the end the 7 tasks, beside the `paper_rows` that the flags select.
+    model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch = {column:
+    {"input_ids", "attention_mask"}}. should_stop(step, mean loss since its last call), called
+    every should_stop.every steps (default: at evaluations), ends training when it returns
+    True; the run is evaluated and checkpointed at that step."""
+    out = Path(args.output_dir)
+    rank, world_size = world()
+    device = next(model.parameters()).device
+    mlp = model.mlp if pooler == "cls" else None
+    encode = make_encode(model.encoder, tokenizer, pooler, mlp)
+    n = len(next(iter(data.values())))
+    steps_per_epoch = n // args.batch_size
+    total = steps_per_epoch * args.epochs
+    if args.max_steps and (total == 0 or args.max_steps < total):    # --epochs 0: --max_steps alone
+        total = args.max_steps
+    model.train()       # from_pretrained() hands the encoder back in eval mode: dropout would be off
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, sched = make_optimizer(params, args.lr, args.weight_decay, total, device)
+    net = wrap_ddp(model, device) if world_size > 1 else model
+    compiled = args.compile and device.type == "cuda"
+    forward = CompiledModel(net, device, world_size) if compiled else net
+    pad_to = args.max_len if compiled else None     # static shapes: a compiled step is captured once
+    run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
+                    (model.encoder, tokenizer, pooler, mlp))
+    resumed = run.resume() if args.resume else {}
+    step = resumed.get("step", 0)
+    stopped = "early" if resumed.get("stopped_early") else None
+    meter = Meter(device, resumed.get("since_check"))
+    bar = progress(total, script_name(args), "step", disable=rank != 0, initial=step)
+    check_every = getattr(should_stop, "every", args.eval_every)
+    while step < total and stopped is None:
+        epoch, b = divmod(step, steps_per_epoch)
+        idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
+        batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
+        loss, stats = train_step(forward, batch, opt, sched, args.max_grad_norm, device, world_size)
+        step += 1
+        meter.add(loss, stats)
+        bar.update(1)
+        at_check = step % check_every == 0 or step == total
+        if should_stop is not None and at_check and should_stop(step, meter.loss_since_check()):
+            stopped = "early"
+        evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
+        if step % args.log_every == 0 or evaluate_now:
+            if bool(meter.bad):
+                stopped = "nan"
+                break
+            record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
+            run.write(record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                            sent_s=f"{record['sent_per_s']:.0f}")
+        if evaluate_now and rank == 0:
+            figures = dev_figures(encode, args.sts_dir)
+            loop = {"stopped_early": stopped == "early",
+                    "since_check": [float(meter.since_check), meter.steps_since_check]}
+            run.checkpoint(step, figures, loop)                       # last/, and best/ if the best
+            tqdm.write(f"step {step}: STS-B dev {figures['stsb_dev']:.2f}  SICK-R dev "
+                       f"{figures['sickr_dev']:.2f}  (best {run.best:.2f} at step {run.best_step})",
+                       file=sys.stderr)
+        if evaluate_now:
+            barrier()
+    bar.close()
+    if stopped == "nan":
+        kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
+        raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
+                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
+    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total,
+              "stopped_early": stopped == "early" and step < total,
+              "last_dev": (run.last or {}).get("stsb_dev"), "test": None}
+    if final_eval and rank == 0:
+        result["test"] = final_report(out / "best", args, pooler, paper_rows)
+    barrier()
+    return result
+
+
+def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[PaperRow]) -> dict:
+    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
+    uniformity, print them beside the paper's rows that the flags select, and keep all of it
+    (with the pooler: tools/compare.py labels the run with it) in best/test_metrics.json."""
+    encode = saved_encoder(best_dir, pooler)
+    res = evaluate_sts(encode, args.sts_dir)
+    res.update(alignment_uniformity(encode, args.sts_dir))
+    picked, note = select_rows(args, list(paper_rows))
+    dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
+    print(paper_report(res, picked, note, dev))
+    rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
+    write_text_atomic(best_dir / "test_metrics.json",
+                      json.dumps({**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}, indent=2))
+    return res
+
+
+# #####################################################################################
+# Infrastructure: what keeps runs safe and fast. A reader of the papers may stop here.
+#   downloads and their checks; the run folder (lock, atomic writes, checkpoint and resume);
+#   the sentence-transformers export; the compiled step; the command line.
+# #####################################################################################
+
+# -------------------------------------------------------------------------------------
+# Downloads: SimCSE's files into data/ (on first use, or `python common.py download`), each
+# proven whole by its content before it is kept
+# -------------------------------------------------------------------------------------
+
+DATA_DIR = Path("data")
+UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
+WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
+RETRY = "Run `python common.py download` again."
+
+
+def fetch(url: str, dest: Path) -> None:
+    """Stream `url` into `dest` with a progress bar."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
+            bar = progress(total=int(r.headers.get("Content-Length") or 0) or None,
+                           desc=dest.name.split(".part")[0], unit="B")
+            while chunk := r.read(1 << 20):
+                bar.update(f.write(chunk))
+            bar.close()
+    except OSError as e:
+        raise UserError(f"could not download {url}: {e}. Check the network; or fetch the data once with "
+                        f"`python common.py download` (--base_url names a mirror).")
+
+
+def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
+    """No checksum of SimCSE's files could be verified here, so each is proven whole by its
+    content: wiki1m by its 1,000,000 lines; the NLI file by its header, sent0,sent1,hard_neg,
+    and three cells a row."""
+    if name == WIKI1M:
+        lines = count_lines(path)
+        expected = wiki1m_lines or WIKI1M_LINES
+        if lines != expected:
+            raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
+                            f"is incomplete or corrupted. {RETRY}")
+        return
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+            rows = csv.reader(f)
+            header = next(rows, [])
+            if ",".join(header) != "sent0,sent1,hard_neg":
+                raise UserError(f"{name}: header {','.join(header)!r}, expected 'sent0,sent1,hard_neg': "
+                                f"the download is corrupted. {RETRY}")
+            for i, row in enumerate(rows, start=2):
+                if len(row) != 3:
+                    raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the download "
+                                    f"is incomplete. {RETRY}")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. {RETRY}")
+
+
+def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines: int | None = None) -> Path:
+    """wiki1m or the NLI triplets into `dest`, unless already there: written under a temporary
+    name and renamed only after its content check passes."""
+    final = dest / name
+    part = dest / f"{name}.part"
+    if final.exists():
+        print(f"{final}: present, not fetched again", file=sys.stderr)
+        return final
+    dest.mkdir(parents=True, exist_ok=True)
+    fetch(f"{base_url.rstrip('/')}/{name}", part)
+    try:
+        check_download(part, name, wiki1m_lines)
+    except UserError:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, final)
+    return final
+
+
+
+def check_sts(folder: Path) -> None:
+    """The STS data are whole when every task parses to the spec's kept pair counts."""
+    for task in STS_TASKS:
+        try:
+            got = [len(g) for split in (["test"] if task in STS_SUBSETS else ["train", "dev", "test"])
+                   for _, _, g in load_sts_pairs(folder, task, split).values()]
+        except (OSError, ValueError, IndexError, UserError) as e:
+            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
+                            f"incomplete or corrupted. Run `python common.py download` again.")
+        if got != STS_PAIR_COUNTS[task]:
+            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {STS_PAIR_COUNTS[task]}: "
+                            f"the download is incomplete or corrupted.")
+
+
+def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
+    """SentEval's STS data into dest/sts, unless already there: unpacked and checked
+    (check_sts) in a temporary folder, moved into place only once whole."""
+    final = dest / "sts"
+    if is_sts_dir(final):
+        print(f"{final}: present, not fetched again", file=sys.stderr)
+        return final
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
+        tmp = Path(tmp)
+        fetch(f"{base_url.rstrip('/')}/{SENTEVAL}", tmp / SENTEVAL)
+        try:
+            with tarfile.open(tmp / SENTEVAL) as tf:
+                tf.extractall(tmp / "x", filter="data")
+        except (tarfile.TarError, EOFError) as e:
+            raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is "
+                            f"corrupted. Run `python common.py download` again.")
+        # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
+        roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
+        if not roots or not (roots[0].parent / "SICK").is_dir():
+            raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download is "
+                            f"corrupted or not SentEval's archive.")
+        stage = tmp / "sts"
+        stage.mkdir()
+        shutil.move(str(roots[0]), stage / "STS")
+        shutil.move(str(roots[0].parent / "SICK"), stage / "SICK")
+        check_sts(stage)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(stage, final)
+    return final
+
+
+def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[str] | None = None,
+             wiki1m_lines: int | None = None) -> dict[str, Path]:
+    """Fetch wiki1m, the NLI triplets and the STS data under `dest`, skipping what is there."""
+    names = {"wiki1m": WIKI1M, "nli": NLI}
+    for item in what or ["wiki1m", "nli", "sts"]:
+        if item not in (*names, "sts"):
+            raise UserError(f"--what {item}: unknown; choose from wiki1m, nli, sts.")
+    return {item: download_sts(Path(dest), base_url) if item == "sts"
+            else download_file(Path(dest), names[item], base_url, wiki1m_lines)
+            for item in what or ["wiki1m", "nli", "sts"]}
+
+
+
+# -------------------------------------------------------------------------------------
+# Input checks: a file read once, with an error that names it; the encoder's positions
+# -------------------------------------------------------------------------------------
+
+def _read_text(path: Path, flag: str, what: str, download: str) -> str:
+    """A training file's text, or a UserError that names the flag, the file and what to do."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a file. Pass {what}.")
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python common.py download` "
+                        f"for {download}.")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UserError(f"{flag} {path}: line {line} is not UTF-8 ({e.reason} at byte {e.start}). "
+                        f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
+
+
+def count_lines(path: str | Path) -> int:
+    """Lines of a file, read as bytes (any encoding, any size)."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
+    """--cache_dir when given, else a .cache folder beside the data when that is writable."""
+    if cache_dir:
+        return Path(cache_dir)
+    folder = Path(data_path).resolve().parent
+    return folder / ".cache" if os.access(folder, os.W_OK) else Path(tempfile.gettempdir()) / "cl-sent-cache"
+
+
+def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None:
+    if batch_size > n:
+        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
+                        f"--data {data}). Lower --batch_size to at most {n} or give more data.")
+    if batch_size % world_size:
+        raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
+
+
+def _not_loaded(flag: str, name: str, e: Exception) -> UserError:
+    return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
+                     f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
+
+
+def encoder_config(name: str, flag: str = "--model"):
+    """The config of a hub name or a local folder, no weights loaded."""
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise _not_loaded(flag, name, e)
+
+
+@functools.lru_cache(maxsize=4)
+def encoder_positions(name: str, flag: str = "--model") -> int:
+    """max_positions of encoder `name`, from its config alone; read once, however many checks
+    ask (common.start's, and ConIsI's, whose pairs take twice --max_len)."""
+    return max_positions(encoder_config(name, flag))
+
+
+def is_sts_dir(folder: str | Path) -> bool:
+    """Whether `folder` holds SentEval's STS/ and SICK/ folders."""
+    return (Path(folder) / "STS").is_dir() and (Path(folder) / "SICK").is_dir()
+
+
+def check_sts_dir(sts_dir: str | Path) -> None:
+    """--sts_dir must hold SentEval's STS/ and SICK/ folders: checked before training starts
+    (common.start) and before every evaluation."""
+    if not is_sts_dir(sts_dir):
+        raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
+                        f"Run `python common.py download` and pass --sts_dir data/sts.")
+
+
+# -------------------------------------------------------------------------------------
+# The run folder: one process holds it; writes are atomic; last/ is the one commit point
+# -------------------------------------------------------------------------------------
 
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     """A temporary folder beside `final` and a commit() that swaps it into place: a run
@@ -940,8 +1262,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-# run folders this process holds: resolved path -> the open lock file (its flock lives with it)
-_HELD: dict[str, Any] = {}
+# the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
+held_locks: dict[str, Any] = {}
 LOCK = "run.lock"
 
 
@@ -952,7 +1274,7 @@ def hold_run_folder(folder: str | Path) -> None:
     anything else, with a UserError that names the folder and the process holding it. A no-op
     for a folder this process holds. NOTE(ours): where there is no fcntl (Windows), no lock."""
     key = str(Path(folder).resolve())
-    if key in _HELD or fcntl is None:
+    if key in held_locks or fcntl is None:
         return
     Path(folder).mkdir(parents=True, exist_ok=True)
     f = open(Path(folder) / LOCK, "a+")    # "a+": a process that loses must not erase the holder's line
@@ -968,15 +1290,15 @@ def hold_run_folder(folder: str | Path) -> None:
     f.truncate(0)
     f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
     f.flush()
-    _HELD[key] = f
+    held_locks[key] = f
 
 
 def release_run_folders(*folders: str | Path) -> None:
     """Let go of the given run folders (all, with none given) before the process ends: for a
     process that trains several runs one after the other (the tests)."""
-    for k in [str(Path(f).resolve()) for f in folders] if folders else list(_HELD):
-        if k in _HELD:
-            _HELD.pop(k).close()           # closing the file drops its flock
+    for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
+        if k in held_locks:
+            held_locks.pop(k).close()           # closing the file drops its flock
 
 
 def recover_dir(final: Path) -> Path:
@@ -988,141 +1310,6 @@ def recover_dir(final: Path) -> Path:
     for tmp in final.parent.glob(f".{final.name}.tmp-*"):
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
-                        mlp: nn.Module | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Save an encoder (atomically) so that both AutoModel.from_pretrained(path) and
-    SentenceTransformer(path) load it with no conversion. With the `cls` pooler the MLP goes
-    into BERT's own pooler weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and
-    into a sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
-    tmp, commit = _atomic_dir(Path(path))
-
-    def dump(name: str, obj) -> None:
-        (tmp / name).parent.mkdir(exist_ok=True)
-        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
-
-    if pooler == "cls":
-        if mlp is None:
-            raise ValueError("pooler 'cls' is saved with its MLP")
-        if hasattr(getattr(encoder, "pooler", None), "dense"):
-            encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
-    encoder.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    d, st = encoder.config.hidden_size, ST_POOLING.get(pooler)
-    if st is None:
-        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
-              file=sys.stderr)
-    else:
-        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
-        off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "pooling_mode_cls_token": st == "cls",
-                                       "pooling_mode_mean_tokens": st == "mean", "include_prompt": True,
-                                       **{f"pooling_mode_{k}": False for k in off}})
-        if pooler == "cls":
-            from safetensors.torch import save_file
-            modules.append(("2_Dense", "Dense"))
-            dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
-                                         "activation_function": "torch.nn.modules.activation.Tanh"})
-            save_file({f"linear.{k}": v.detach().float().cpu().contiguous() for k, v in mlp.dense.state_dict().items()},
-                      str(tmp / "2_Dense" / "model.safetensors"))
-        dump("modules.json", [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
-                              for i, (p, t) in enumerate(modules)])
-        dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
-                                           "do_lower_case": False})
-    for name, obj in (extra or {}).items():
-        dump(name, obj)
-    commit()
-
-
-# =====================================================================================
-# The step: forward, backward, clip, AdamW, schedule; on CUDA the fast path
-# =====================================================================================
-
-def make_optimizer(params: list, lr: float, weight_decay: float, total: int, device: torch.device):
-    """(AdamW, its schedule): on CUDA the fused AdamW kernel (one pass over weights, gradients
-    and both moments), which also applies the clipping (make_step); the learning rate decays
-    linearly from its peak to 0 over `total` steps, no warm-up (SimCSE's HF Trainer default)."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
-
-
-def clip_divisor(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """max(1, (||g|| + 1e-6) / max_norm) over all gradients together: dividing by it is
-    clip_grad_norm_'s multiplication by min(1, max_norm / (||g|| + 1e-6)). 0-dim tensor."""
-    norms = torch._foreach_norm(grads)                                        # one () per tensor
-    return torch.clamp((torch.linalg.vector_norm(torch.stack(norms)) + 1e-6) / max_norm, min=1.0)  # ()
-
-
-def attention_kernels():
-    """The attention kernels a training step may use: every one but cuDNN's. NOTE(ours): at 32
-    tokens PyTorch picks cuDNN's attention on an H100, 1.9 ms of a 10.5 ms bert-base step; the
-    memory-efficient kernel takes 1.2 ms (README, Speed). Nothing changes on a CPU."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def make_step(model: nn.Module, params: list, opt, sched, device: torch.device, max_grad_norm: float = 1.0,
-              world_size: int = 1, amp: bool = True, compile: bool = False):
-    """The training step, as every script trains: step(batch) -> (loss, {name: figure}); model(batch)
-    returns the loss, or (loss, {name: 0-dim tensor}) for the log. The fast path (compile, as
-    train() asks on CUDA): torch.compile fuses forward and backward, and in one process replays
-    them from CUDA graphs (mode "reduce-overhead"): a few launches instead of hundreds of kernels
-    from Python (under DDP, whose hooks run inside the backward, no graphs). If compiling fails:
-    one note, then eager. A fused AdamW clips through its grad_scale (GradScaler's unscale hook:
-    it divides each gradient as it reads it), so clipping costs no pass of its own."""
-    cuda = device.type == "cuda"
-    graphs = compile and cuda and world_size == 1
-    fwd = [torch.compile(model, mode="reduce-overhead" if graphs else None,
-                         backend="inductor" if cuda else "aot_eager") if compile else model]
-    fused = all(g.get("fused") for g in opt.param_groups)
-
-    def forward_backward(batch):
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()   # the last step's outputs are consumed
-        with autocast(device) if amp else contextlib.nullcontext(), attention_kernels():
-            out = fwd[0](batch)
-        loss, stats = out if isinstance(out, tuple) else (out, {})
-        # under DDP each rank computes the same global loss (gather keeps only its own rows'
-        # gradient) and DDP averages the gradients: times world_size gives the one-process one
-        (loss * world_size).backward()
-        return loss, stats
-
-    def step(batch):
-        try:
-            loss, stats = forward_backward(batch)
-        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
-            raise
-        except Exception as e:       # a platform where the compiler cannot run: eager from here on
-            if fwd[0] is model:
-                raise
-            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
-            fwd[0] = model
-            opt.zero_grad(set_to_none=True)              # what the failed attempt left behind
-            loss, stats = forward_backward(batch)
-        if max_grad_norm > 0 and fused:
-            opt.grad_scale = clip_divisor([p.grad for p in params if p.grad is not None], max_grad_norm)
-        elif max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-        opt.step()                                       # AdamW
-        opt.__dict__.pop("grad_scale", None)
-        sched.step()                                     # linear decay
-        opt.zero_grad(set_to_none=True)
-        # copies: the next replay of a CUDA graph overwrites its outputs
-        return loss.detach().float().clone(), {k: v.detach().float().clone() for k, v in stats.items()}
-    return step
-
-
-# =====================================================================================
-# The loop: start (checks, the run folder), train (batch, step, log, evaluate, checkpoint)
-# =====================================================================================
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
@@ -1152,7 +1339,8 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
 def start(args: TrainArgs) -> torch.device:
     """What every script does before it loads a model: torchrun's process group; every flag,
     then every file, checked before anything is written (the default data downloaded first, on
-    first use); the seed; the run folder, held by this process, with the resolved Args."""
+    first use); the flags that depend on the data settled; the seed; the run folder, held by
+    this process, with the resolved Args."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     if world()[0] == 0:                             # the default data, into data/ on first use
@@ -1169,53 +1357,16 @@ def start(args: TrainArgs) -> torch.device:
     if args.max_len > positions:
         raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
                         f"Pass --max_len {positions} or less.")
-    if args.eval_every == 0:                        # a script that allows 0 (RCL): 10% of an epoch
-        args.eval_every = max(1, rows // args.batch_size // 10)
+    args.settle(rows)
     seed_everything(args.seed)
     if world()[0] == 0:
         out = prepare_output_dir(args.output_dir, args.resume)
         write_text_atomic(out / "args.json", json.dumps(dataclasses.asdict(args), indent=2, default=str))
         # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
         # tools/compare.py labels the run's row with it
-        module = sys.modules.get(type(args).__module__)
-        script = Path(getattr(module, "__file__", None) or type(args).__module__).name
-        write_text_atomic(out / "run.json", json.dumps({"script": script}, indent=2))
+        write_text_atomic(out / "run.json", json.dumps({"script": f"{script_name(args)}.py"}, indent=2))
     barrier()
     return device
-
-
-class Meter:
-    """The log's running figures, summed on the device (read once a log line: the only wait):
-    the loss and the extra terms since the last log line, the loss since should_stop's last
-    call, whether any loss was NaN or infinite."""
-
-    def __init__(self, device: torch.device, since_check: list | None = None):
-        self.zero = torch.zeros((), device=device)
-        self.bad, self.loss, self.steps, self.stats = self.zero.bool(), self.zero, 0, {}
-        self.t0 = time.perf_counter()
-        # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
-        checked = since_check or [0.0, 0]
-        self.since_check, self.steps_since_check = self.zero + checked[0], checked[1]
-
-    def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
-        self.bad |= ~torch.isfinite(loss)
-        self.loss, self.since_check = self.loss + loss, self.since_check + loss
-        self.steps, self.steps_since_check = self.steps + 1, self.steps_since_check + 1
-        self.stats = {k: self.stats.get(k, 0) + v for k, v in stats.items()}
-
-    def record(self, step: int, lr: float, epoch: int, batch_size: int) -> dict:
-        """The training record of metrics.jsonl: means since the last one; then starts again."""
-        dt = time.perf_counter() - self.t0
-        rec = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr, "epoch": epoch,
-               "sent_per_s": batch_size * self.steps / dt if dt > 0 else 0.0,
-               **{k: float(v) / self.steps for k, v in self.stats.items()}}
-        self.loss, self.steps, self.stats, self.t0 = self.zero, 0, {}, time.perf_counter()
-        return rec
-
-    def loss_since_check(self) -> float:
-        mean = float(self.since_check) / self.steps_since_check
-        self.since_check, self.steps_since_check = self.zero, 0
-        return mean
 
 
 class RunFolder:
@@ -1223,158 +1374,284 @@ class RunFolder:
     appended to), last/ (everything --resume needs: the run's one commit point) and best/ (the
     encoder of the best STS-B dev so far, loadable anywhere). `state`: what last/ keeps
     ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp), as
-    they are evaluated and kept in best/; log_extra() adds figures to each evaluation."""
+    they are kept in best/."""
 
-    def __init__(self, args: TrainArgs, out: Path, state: dict, saved: tuple, log_extra: Callable | None):
-        self.args, self.out, self.state, self.saved, self.log_extra = args, out, state, saved, log_extra
-        self.log, self.main, self.encode = out / "metrics.jsonl", world()[0] == 0, make_encode(*saved)
-        self.best, self.best_step, self.last = -float("inf"), 0, None
-        if self.main:
-            hold_run_folder(out)   # start() holds --output_dir already; this is for RCL's entropy models
+    def __init__(self, args: TrainArgs, out: Path, state: dict, saved: tuple):
+        self.args = args
+        self.out = out
+        self.state = state
+        self.saved = saved
+        self.log = out / "metrics.jsonl"
+        self.main = world()[0] == 0
+        self.best = -float("inf")
+        self.best_step = 0
+        self.last = None
 
     def write(self, record: dict) -> None:
         if self.main:
             with open(self.log, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def save_best(self, rec: dict) -> None:
+    def save_best(self, record: dict) -> None:
         save_pretrained_dir(self.out / "best", *self.saved,
-                            extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": rec})
+                            extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record})
 
-    def evaluate(self, step: int, loop: dict) -> None:
-        """STS-B dev and SICK-R trial, then, in the order a kill may interrupt: the record, last/
+    def checkpoint(self, step: int, figures: dict, loop: dict) -> None:
+        """An evaluation's figures, then, in the order a kill may interrupt: the record, last/
         with the log's length (a resume cuts the log back to it) and the loop's state (`loop`),
         then best/ if this is the best so far (re-saved on resume if a kill left it behind)."""
-        dev = evaluate_sts(self.encode, self.args.sts_dir, split="dev")
-        self.last = {"step": step, "stsb_dev": dev["STSBenchmark"]["spearman"],
-                     "sickr_dev": dev["SICKRelatedness"]["spearman"], "avg_dev": dev["avg"],
-                     **(self.log_extra() if self.log_extra else {})}
+        self.last = {"step": step, **figures}
         if self.last["stsb_dev"] > self.best:
             self.best, self.best_step = self.last["stsb_dev"], step
-        rec = dict(self.last, best_stsb_dev=self.best)
-        self.write(rec)
+        record = dict(self.last, best_stsb_dev=self.best)
+        self.write(record)
         tmp, commit = _atomic_dir(self.out / "last")
         stop = self.state["should_stop"]
-        torch.save({**{k: self.state[k].state_dict() for k in ("model", "opt", "sched")}, **loop, "dev": rec,
-                    "step": step, "best": self.best, "best_step": self.best_step, "log_bytes": self.log.stat().st_size,
-                    "should_stop": getattr(stop, "state_dict", lambda: None)(), "rng_cpu": torch.get_rng_state(),
-                    "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}, tmp / "state.pt")
+        state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
+        state.update(loop)
+        state.update({"dev": record, "step": step, "best": self.best, "best_step": self.best_step,
+                      "log_bytes": self.log.stat().st_size,
+                      "should_stop": getattr(stop, "state_dict", lambda: None)(),
+                      "rng_cpu": torch.get_rng_state(),
+                      "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+        torch.save(state, tmp / "state.pt")
         commit()
         if self.best_step == step:
-            self.save_best(rec)
-        tqdm.write(f"step {step}: STS-B dev {rec['stsb_dev']:.2f}  SICK-R dev {rec['sickr_dev']:.2f}  "
-                   f"(best {self.best:.2f} at step {self.best_step})", file=sys.stderr)
+            self.save_best(record)
 
     def resume(self) -> dict:
-        """--resume: bring back what evaluate() kept; cut metrics.jsonl back to the length last/
+        """--resume: bring back what checkpoint() kept; cut metrics.jsonl back to the length last/
         recorded, in one system call (what a kill left after the checkpoint goes: records of
         steps that will be trained again, a line cut short); re-save best/ if it fell one
         evaluation behind. {} for a run stopped before its first checkpoint (step 0 again)."""
-        last, size = self.out / "last" / "state.pt", self.log.stat().st_size if self.log.exists() else 0
-        st = torch.load(last, map_location=next(self.state["model"].parameters()).device,
-                        weights_only=False) if last.exists() else {"log_bytes": 0}
-        if self.main and size < st["log_bytes"]:
+        last = self.out / "last" / "state.pt"
+        size = self.log.stat().st_size if self.log.exists() else 0
+        device = next(self.state["model"].parameters()).device
+        state = torch.load(last, map_location=device, weights_only=False) if last.exists() else {"log_bytes": 0}
+        if self.main and size < state["log_bytes"]:
             print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
                   f"replaced?); it is kept as it is", file=sys.stderr)
         elif self.main and self.log.exists():
-            os.truncate(self.log, st["log_bytes"])
+            os.truncate(self.log, state["log_bytes"])
         if not last.exists():
             if self.main:
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
             return {}
         for k in ("model", "opt", "sched"):
-            self.state[k].load_state_dict(st[k])
-        if st.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
-            self.state["should_stop"].load_state_dict(st["should_stop"])
-        self.best, self.best_step, self.last = st["best"], st["best_step"], st["dev"]
-        saved = json.loads((self.out / "best" / "dev_metrics.json").read_text()) \
-            if (self.out / "best" / "dev_metrics.json").is_file() else {}
-        if self.main and st["best_step"] == st["step"] and saved.get("step") != st["step"]:
-            self.save_best(st["dev"])
-        torch.set_rng_state(st["rng_cpu"])
-        if torch.cuda.is_available() and st.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(st["rng_cuda"])
+            self.state[k].load_state_dict(state[k])
+        if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
+            self.state["should_stop"].load_state_dict(state["should_stop"])
+        self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
+        best_dev = self.out / "best" / "dev_metrics.json"
+        saved = json.loads(best_dev.read_text()) if best_dev.is_file() else {}
+        if self.main and state["best_step"] == state["step"] and saved.get("step") != state["step"]:
+            self.save_best(state["dev"])
+        torch.set_rng_state(state["rng_cpu"])
+        if torch.cuda.is_available() and state.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(state["rng_cuda"])
         if self.main:
-            print(f"resuming {self.out} at step {st['step']} (best STS-B dev {st['best']:.2f} at step "
-                  f"{st['best_step']})", file=sys.stderr)
-        return st
+            print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
+                  f"{state['best_step']})", file=sys.stderr)
+        return state
 
 
-def final_report(best_dir: Path, sts_dir: str | Path, pooler: str, paper: tuple[str, dict] | None) -> dict:
-    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks, print the table
-    beside the paper's numbers and store the results (and the pooler: tools/compare.py labels
-    the run with it) in the checkpoint folder."""
-    res = evaluate_encoder(str(best_dir), pooler, sts_dir)
-    print(format_sts_table(res, paper))
-    write_text_atomic(best_dir / "test_metrics.json", json.dumps({**res, "pooler": pooler}, indent=2))
-    return res
+# -------------------------------------------------------------------------------------
+# The export: a folder both Hugging Face and sentence-transformers load
+# -------------------------------------------------------------------------------------
+
+ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}
 
 
-def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
-          paper: tuple[str, dict] | None = None, log_extra: Callable[[], dict] | None = None,
-          should_stop: Callable[[int, float], bool] | None = None, final_eval: bool = True) -> dict:
-    """Train `model` into --output_dir, keeping the best model.encoder (+ model.mlp for the `cls`
-    pooler) by STS-B dev; at the end the 7 tasks, beside `paper` = (name, figures). model(batch)
-    -> loss or (loss, {name: 0-dim tensor} to log), batch = {column: {"input_ids", "attention_mask"}}.
-    should_stop(step, mean loss since its last call), every should_stop.every steps (default: at
-    evaluations), ends training when True: the run is evaluated and checkpointed at that step."""
-    out, (rank, world_size), device = Path(args.output_dir), world(), next(model.parameters()).device
-    encoder, mlp = model.encoder, getattr(model, "mlp", None) if pooler == "cls" else None
-    n = len(next(iter(data.values())))
-    # the epochs, or --max_steps if it is given and shorter (or if --epochs is 0)
-    total = min(s for s in (n // args.batch_size * args.epochs, args.max_steps) if s > 0)
-    if getattr(encoder, "pooler", None) is not None:  # BERT's NSP pooler: in no loss (the `cls`
-        encoder.pooler.requires_grad_(False)          # MLP is saved into it)
-    model.train()  # from_pretrained() hands the encoder back in eval mode: dropout would be off
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt, sched = make_optimizer(params, args.lr, args.weight_decay, total, device)
-    step_fn = make_step(wrap_ddp(model, device) if world_size > 1 else model, params, opt, sched, device,
-                        args.max_grad_norm, world_size, compile=args.compile and device.type == "cuda")
-    run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
-                    (encoder, tokenizer, pooler, mlp), log_extra)
-    st = run.resume() if args.resume else {}
-    step, stopped = st.get("step", 0), "early" if st.get("stopped_early") else None
-    meter, bar = Meter(device, st.get("since_check")), progress(total, Path(sys.argv[0]).stem, "step", rank != 0, step)
-    check_every = getattr(should_stop, "every", args.eval_every)
-    pad_to = args.max_len if device.type == "cuda" else None   # static shapes: a compiled step is captured once
-    while step < total and stopped is None:
-        epoch, b = divmod(step, n // args.batch_size)
-        idx = local_rows(batch_plan(n, args.batch_size, args.seed, epoch)[b])   # this rank's share
-        loss, stats = step_fn(device_batch(data, idx, pad_to, device))
-        step += 1
-        meter.add(loss, stats)
-        bar.update(1)
-        if should_stop is not None and (step % check_every == 0 or step == total) \
-                and should_stop(step, meter.loss_since_check()):
-            stopped = "early"
-        evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
-        if step % args.log_every == 0 or evaluate_now:
-            if bool(meter.bad):
-                stopped = "nan"
-                break
-            rec = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
-            run.write(rec)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}", sent_s=f"{rec['sent_per_s']:.0f}")
-        if evaluate_now:
-            if rank == 0:
-                run.evaluate(step, {"stopped_early": stopped == "early",
-                                    "since_check": [float(meter.since_check), meter.steps_since_check]})
-            barrier()
-    bar.close()
-    if stopped == "nan":
-        kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
-        raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
-                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
-    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total,
-              "stopped_early": stopped == "early" and step < total, "last_dev": (run.last or {}).get("stsb_dev"),
-              "test": final_report(out / "best", args.sts_dir, pooler, paper) if final_eval and rank == 0 else None}
-    barrier()
-    return result
+def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
+                        mlp: nn.Module | None = None, extra: dict[str, Any] | None = None) -> None:
+    """Save an encoder (atomically) so that both AutoModel.from_pretrained(path) and
+    SentenceTransformer(path) load it with no conversion. With the `cls` pooler the MLP goes
+    into BERT's own pooler weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and
+    into a sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
+    tmp, commit = _atomic_dir(Path(path))
+
+    def dump(name: str, obj) -> None:
+        (tmp / name).parent.mkdir(exist_ok=True)
+        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
+
+    if pooler == "cls":
+        if mlp is None:
+            raise ValueError("pooler 'cls' is saved with its MLP")
+        if hasattr(getattr(encoder, "pooler", None), "dense"):
+            encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
+    encoder.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    d = encoder.config.hidden_size
+    st_pooling = ST_POOLING.get(pooler)
+    if st_pooling is None:
+        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
+              file=sys.stderr)
+    else:
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+        off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "pooling_mode_cls_token": st_pooling == "cls",
+                                       "pooling_mode_mean_tokens": st_pooling == "mean", "include_prompt": True,
+                                       **{f"pooling_mode_{k}": False for k in off}})
+        if pooler == "cls":
+            from safetensors.torch import save_file
+            modules.append(("2_Dense", "Dense"))
+            dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
+                                         "activation_function": "torch.nn.modules.activation.Tanh"})
+            weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
+                       for k, v in mlp.dense.state_dict().items()}
+            save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
+        dump("modules.json", [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
+                              for i, (p, t) in enumerate(modules)])
+        dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
+                                           "do_lower_case": False})
+    for name, obj in (extra or {}).items():
+        dump(name, obj)
+    commit()
 
 
-# =====================================================================================
-# Command line: every script's main runs under run_main; python common.py eval | download
-# =====================================================================================
+
+# -------------------------------------------------------------------------------------
+# The compiled step on a GPU: train_step calls a CompiledModel as it calls the model
+# -------------------------------------------------------------------------------------
+
+def attention_kernels():
+    """The attention kernels a training step may use: every one but cuDNN's, which PyTorch
+    picks for 32-token batches on an H100 and which the memory-efficient kernel beats there
+    (README, Speed). Nothing changes on a CPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+class CompiledModel:
+    """model(batch) through torch.compile: forward and backward fused, and in one process
+    replayed from CUDA graphs (mode "reduce-overhead"), a few launches instead of hundreds of
+    kernels from Python; under DDP, whose hooks run inside the backward, compiled without
+    graphs. If compiling fails (a platform where the compiler cannot run): one note, then the
+    model itself from there on."""
+
+    def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1):
+        self.model = model
+        self.graphs = device.type == "cuda" and world_size == 1
+        self.compiled = torch.compile(model, mode="reduce-overhead" if self.graphs else None,
+                                      backend="inductor" if device.type == "cuda" else "aot_eager")
+
+    def __call__(self, batch: dict):
+        if self.compiled is None:
+            return self.model(batch)
+        try:
+            if self.graphs:
+                torch.compiler.cudagraph_mark_step_begin()     # the last step's outputs are consumed
+            with attention_kernels():
+                return self.compiled(batch)
+        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
+            self.compiled = None
+            self.model.zero_grad(set_to_none=True)             # what the failed attempt left behind
+            return self.model(batch)
+
+
+# -------------------------------------------------------------------------------------
+# The command line: flags from a dataclass, every script's main under run_main, and
+# python common.py eval | download
+# -------------------------------------------------------------------------------------
+
+def flag_text(name: str, value: Any) -> str:
+    """A flag as a user types it: --tau 0.05, --no_mlp, --no-modulate, --phi 0.01 0.02."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, list):
+        return " ".join([f"--{name}", *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)])
+    return f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}"
+
+
+def defaults_of(args: TrainArgs) -> TrainArgs:
+    """The defaults `args`' script trains with on the same kind of --data: the dataclass's,
+    with its csv_defaults when --data is a CSV."""
+    defaults = type(args)()
+    if str(args.data).lower().endswith(".csv"):
+        for k, v in type(args).csv_defaults.items():
+            setattr(defaults, k, v)
+    return defaults
+
+
+def changed_flags(args: TrainArgs, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[str, Any]:
+    """The flags whose values differ from the defaults (defaults_of), in the order of Args."""
+    defaults = defaults_of(args)
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+            if f.name not in leave_out and getattr(args, f.name) != getattr(defaults, f.name)}
+
+
+def script_name(args: Any) -> str:
+    """The script whose Args `args` is: simcse, focal_infonce, ... (its module's file name)."""
+    module = sys.modules.get(type(args).__module__)
+    return Path(getattr(module, "__file__", None) or type(args).__module__).stem
+
+
+def default_output_dir(args: TrainArgs) -> str:
+    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
+    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part."""
+    parts = []
+    for name, value in changed_flags(args).items():
+        if isinstance(value, bool):
+            parts.append(name if value else f"no-{name}")
+        elif isinstance(value, list):
+            parts.append(name + ("-".join(f"{v:g}" for v in value) or "-none"))
+        elif isinstance(value, float):
+            parts.append(f"{name}{value:g}")
+        elif isinstance(value, str):
+            parts.append(f"{name}-{Path(value).name or value}")
+        else:
+            parts.append(f"{name}{value}")
+    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts)) or "default"
+    return str(Path("runs") / script_name(args) / name)
+
+
+def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
+    """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
+    parser = argparse.ArgumentParser(description=description, prog=prog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        is_list = typing.get_origin(hints[f.name]) is list
+        typ = typing.get_args(hints[f.name])[0] if is_list else hints[f.name]
+        default = field_default(f)
+        source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
+        shown = "" if default == "" else f" (default: {default})"
+        # the real default in --help; SUPPRESS tells parse_args which flags were given
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
+                              "help": f"{f.metadata.get('help', '')} [{source}]{shown}"}
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
+        elif typ is bool:
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(f"--{f.name}", action=action, **kw)
+        else:
+            parser.add_argument(f"--{f.name}", type=typ, nargs="*" if is_list else None, **kw)
+    return parser
+
+
+def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | None = None,
+               description: str | None = None, prog: str | None = None) -> Any:
+    """The one way every command reads its flags: argparse from `cls` (a dataclass of arg()
+    fields), each value's range checked. Flags the user gave always win; the csv_defaults
+    (`cls.csv_defaults` unless given here) replace the dataclass defaults when --data is a CSV
+    (the supervised form). A training script's files and rules are checked by common.start
+    (TrainArgs.check), which also names the default --output_dir."""
+    given = vars(build_parser(cls, description, prog).parse_args(argv))
+    args = cls(**given)
+    csv_defaults = getattr(cls, "csv_defaults", {}) if csv_defaults is None else csv_defaults
+    if csv_defaults and str(getattr(args, "data", "")).lower().endswith(".csv"):
+        for k, v in csv_defaults.items():
+            if k not in given:
+                setattr(args, k, v)
+    check_ranges(args)
+    return args
+
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)`; turn UserError into `error: ...` on stderr and exit status 2, Ctrl-C
@@ -1395,18 +1672,6 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         sys.exit(3)
     finally:
         release_run_folders()
-
-
-def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[str] | None = None,
-             wiki1m_lines: int | None = None) -> dict[str, Path]:
-    """Fetch wiki1m, the NLI triplets and the STS data under `dest`, skipping what is there."""
-    names = {"wiki1m": WIKI1M, "nli": NLI}
-    for item in what or ["wiki1m", "nli", "sts"]:
-        if item not in (*names, "sts"):
-            raise UserError(f"--what {item}: unknown; choose from wiki1m, nli, sts.")
-    return {item: download_sts(Path(dest), base_url) if item == "sts"
-            else download_file(Path(dest), names[item], base_url, wiki1m_lines)
-            for item in what or ["wiki1m", "nli", "sts"]}
 
 
 @dataclass
@@ -1430,25 +1695,22 @@ class DownloadArgs:
 
 
 def cli(argv: list[str]) -> None:
-    """python common.py eval | download; the commands that moved to tools/ say where they went."""
-    moved = {"compare": "python tools/compare.py RUN [RUN ...]", "bench": "python tools/bench.py --method simcse"}
-    if argv[:1] and argv[0] in moved:
-        raise UserError(f"`python common.py {argv[0]}` moved: run `{moved[argv[0]]}` (--help for its flags).")
+    """python common.py eval | download."""
     if argv[:1] == ["download"]:
-        a = parse_args(DownloadArgs, argv[1:], prog="python common.py download")
-        for k, p in download(a.dest, a.base_url, a.what).items():
-            print(f"{k}: {p}")
+        args = parse_args(DownloadArgs, argv[1:], prog="python common.py download")
+        for name, path in download(args.dest, args.base_url, args.what).items():
+            print(f"{name}: {path}")
         return
     if argv[:1] != ["eval"]:
         print(__doc__)
         raise UserError("choose a command: eval, download (e.g. `python common.py eval --help`)")
-    a = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
+    args = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
     t = time.perf_counter()
-    res = evaluate_encoder(a.model, a.pooler, a.sts_dir, a.tasks or None, a.split, a.batch_size)
-    print(format_sts_table(res, name=f"{Path(a.model).name} [{a.pooler}]"))
-    print(f"({a.model}, {a.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
-    if a.output:
-        Path(a.output).write_text(json.dumps(res, indent=2))
+    res = evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split, args.batch_size)
+    print(format_sts_table(res, name=f"{Path(args.model).name} [{args.pooler}]"))
+    print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(json.dumps(res, indent=2))
 
 
 if __name__ == "__main__":

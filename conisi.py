@@ -63,10 +63,10 @@ from common import UserError, arg
 @dataclass
 class Args(common.TrainArgs):
     """Shared flags: common.TrainArgs (SimCSE's defaults, kept by Tab. 3 and Sec. 4.3); ConIsI's:"""
+    row_free = ("antonyms",)   # the antonym table's file: a run with another still shows its row
     sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
                "epochs": "paper Sec. 4.3", "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3",
                "weight_decay": "paper Sec. 4.3"}
-    output_dir: str = arg("runs/conisi", "run folder: args.json, metrics.jsonl, best/, last/")
     batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 per process "
                           "(BatchNorm)", "paper Tab. 3", ge=2)
     max_len: int = arg(32, "tokens per single sentence; the pairs Y, Z get twice as many",
@@ -120,6 +120,9 @@ PAPER_AVG_BY_STRATEGY = {"s": 78.30, "o1": 77.14, "o2": 77.35}
 PAPER_ROBERTA_BY_STRATEGY = {"s": 77.34, "o1": 78.35, "o2": 78.13}
 PAPER_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
                     0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58, 1.0: 67.68}
+
+
+PAPER_ROWS = [common.PaperRow("Tab. 4", "ConIsI-s-BERT_base", PAPER_S)]
 
 
 def paper_numbers(strategy: str, lam: float, model: str = "bert-base-uncased") -> tuple[dict | None, str]:
@@ -490,9 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
                    vocab, args.replace_share, args.random_share, args.bn).to(device)
     if common.world()[1] > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    paper, name = paper_numbers(args.strategy, args.lam, args.model)
     # Sec. 4.2: evaluation and the saved model use the raw [CLS] of the single sentence
-    return common.train(args, model, data, tokenizer, "cls_before_pooler", paper=(name, paper) if paper else None)
+    return common.train(args, model, data, tokenizer, "cls_before_pooler", paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

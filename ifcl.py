@@ -44,7 +44,6 @@ run rank 0 translates while the other ranks wait for the file, then every rank r
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import sys
@@ -57,6 +56,7 @@ import torch.nn.functional as F
 
 import common
 from common import UserError, arg
+from tools import translate
 
 
 # =====================================================================================
@@ -67,6 +67,9 @@ from common import UserError, arg
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs (SimCSE's defaults); IFCL changes and adds:"""
     sources = {"epochs": "paper Sec. 4.1", "seed": "ours"}
+    # the German side's file, its MT model and its embedding layer: a run with others still
+    # shows the paper's rows (a reference)
+    row_free = ("fraternal_data", "mt_model", "fraternal_model")
     data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
                               "left out: made from --data with --mt_model on the first run and "
@@ -80,7 +83,6 @@ class Args(common.TrainArgs):
     # 128 (1024 after its own projection), which would need a projection the paper never mentions
     fraternal_model: str = arg("bert-base-multilingual-uncased", "model whose embedding layer and "
                                "tokenizer embed the German side (BEL_F), as wide as --model's", "paper App. C")
-    output_dir: str = arg("runs/ifcl", "run folder: args.json, metrics.jsonl, best/, last/")
     batch_size: int = arg(64, "sentences per step N (global, over all GPUs)", "paper Tab. 6", ge=1)
     max_len: int = arg(32, "tokens per training sentence, both languages", "paper Tab. 6", ge=1)
     lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0", "paper Tab. 6", gt=0)
@@ -117,6 +119,10 @@ class Args(common.TrainArgs):
     no_twins: bool = arg(False, "drop the Twins loss, Eq. (8)", "paper Tab. 2")
     no_queue: bool = arg(False, "drop the hippocampus queue (phi = 0 in Eq. 6)", "paper Tab. 2")
 
+    def __post_init__(self) -> None:
+        if self.no_fraternal:  # Tab. 2 "w/o FI, TL": the Twins loss compares h^+ with h^-
+            self.no_twins = True
+
     def rules(self) -> None:
         if self.data.lower().endswith(".csv"):
             raise UserError(f"--data {self.data}: IFCL is unsupervised; give a text file with one "
@@ -129,21 +135,15 @@ class Args(common.TrainArgs):
             raise UserError(f"--omega_a {self.omega_a} below --omega_b {self.omega_b}: the identical "
                             f"twins are the closer ones (Eq. 8, M = e^omega_a - e^omega_b >= 0). Pass "
                             f"--omega_a >= --omega_b (the paper's: 0.85 and 0.80).")
-        if self.no_fraternal:
-            return
-        made_here = made_from_data(self)
-        if not Path(self.fraternal_data).is_file():
-            if not made_here:
-                check_fraternal_file(self)          # the user's file is missing
-            from tools import translate             # the first run: it will be made
-            translate.check_mt_model(self.mt_model)
-        elif Path(self.data).is_file():             # it must be parallel to --data
-            read_fraternal(self, common.data_rows(self.data), made_here)
 
 
-# Paper Tab. 1, IFCL-BERT-base; printed beside this run's numbers at the end.
-PAPER = {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16": 80.17,
-         "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}
+# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures
+PAPER_ROWS = [
+    common.PaperRow("Tab. 1", "IFCL-BERT_base",
+                    {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16": 80.17,
+                     "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}),
+]
 
 
 # =====================================================================================
@@ -222,7 +222,6 @@ def fixed_margin(omega_a: float, omega_b: float) -> float:
 
 
 @common.fp32
-@common.fp32
 def twins_stats(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor | None = None) -> dict:
     """Batch means of sim(h_i, h_i^+) and, with h^-, of sim(h_i, h_i^-) and of the Twins gap
     e^{sim(h_i,h_i^+)} - e^{sim(h_i,h_i^-)}, which Eq. (8) pulls towards M_i. Detached."""
@@ -261,10 +260,6 @@ class IFCL(nn.Module):
         # NOTE(ours): Eq. (1) calls BEL_S "without trainable parameters": frozen by default.
         for prm in emb.parameters():
             prm.requires_grad_(args.train_embeddings)
-        # BERT's NSP pooler is never used: frozen, so that DDP sees no parameter without gradient
-        if getattr(encoder, "pooler", None) is not None:
-            for prm in encoder.pooler.parameters():
-                prm.requires_grad_(False)
         # the embedding layer's own dropout (rate rho) moves after the fusion (three_views)
         self.rho = emb.dropout.p
         emb.dropout = nn.Identity()
@@ -335,7 +330,7 @@ class IFCL(nn.Module):
         a = self.args
         x = batch["text"]                                                    # (N, L)
         n = x["input_ids"].shape[0]
-        terms, h_frat = {}, None
+        stats, h_frat = {}, None
         if a.no_fraternal:  # SimCSE's two views: emb, emb^+ (Algorithm 1, lines 3-4, 7-8)
             y = self.encoder.embeddings(input_ids=x["input_ids"])           # (N, L, d)  y = BEL_S(x)
             emb = F.dropout(torch.cat([y, y]), self.rho, self.training)     # (2N, L, d)
@@ -350,19 +345,24 @@ class IFCL(nn.Module):
             else:
                 margin = torch.full((h.shape[0],), fixed_margin(a.omega_a, a.omega_b),
                                     device=h.device)                         # (N,)
-            terms["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)
-            terms["margin"] = margin.mean()
-            if not a.no_twins:
-                terms["l_twins"] = twins_loss(h, h_pos, h_frat, margin)
+            stats["margin"] = margin.mean()
         p = self.queue_weights(h.shape[0])                                   # (M,)  N = global batch
-        terms["l_identical"] = identical_loss(h, h_pos, self.queue, p, a.tau)
-        terms.update(twins_stats(h, h_pos, h_frat))
+        l_identical = identical_loss(h, h_pos, self.queue, p, a.tau)         # ()  Eq. (6)
+        stats["l_identical"] = l_identical
+        # an ablated term is 0 in Eq. (9): --no_fraternal drops l^F and l^T, --no_twins l^T
+        l_fraternal = l_twins = torch.zeros((), device=h.device)
+        if h_frat is not None:
+            l_fraternal = stats["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)        # ()  Eq. (7)
+            if not a.no_twins:
+                l_twins = stats["l_twins"] = twins_loss(h, h_pos, h_frat, margin)      # ()  Eq. (8)
+        stats.update(twins_stats(h, h_pos, h_frat))
         if self.queue.shape[0]:  # the share of the queue this step's Eq. (6) used
-            terms["queue_fill"] = queue_fill(self.filled, self.queue.shape[0])
+            stats["queue_fill"] = queue_fill(self.filled, self.queue.shape[0])
         self.push(h)  # after the loss, as in Algorithm 1 (line 23)
-        # Eq. (9): sum over i of l^I + l^F + l^T; NOTE(ours): the batch mean (only rescales lr)
-        loss = sum(v for k, v in terms.items() if k.startswith("l_"))
-        return loss, {k: v.detach() for k, v in terms.items()}
+        # Eq. (9): L = sum_i (l_i^I + l_i^F + l_i^T). NOTE(ours): the batch mean of each term,
+        # which only rescales the learning rate
+        loss = l_identical + l_fraternal + l_twins                           # ()
+        return loss, {k: v.detach() for k, v in stats.items()}
 
 
 # =====================================================================================
@@ -374,40 +374,10 @@ def translate_command(data: str, out: str | None = None, mt_model: str = "t5-bas
     return f"python tools/translate.py --data {data}{out} --mt_model {mt_model}"
 
 
-def mt_slug(mt_model: str) -> str:
-    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
-    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
-    NOTE(ours): the name carries the model so that a file made by one model is never taken
-    for another's; two local folders both called 'mt' get different names."""
-    p = Path(mt_model).expanduser()
-    if p.is_dir():
-        full = str(p.resolve())
-        name = f"{p.resolve().name}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
-    else:
-        name = mt_model.replace("/", "--")
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Path:
-    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside
-    --data, or under --cache_dir when given or when --data's folder is not writable."""
-    data_p = Path(data)
-    name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
-    if cache_dir:
-        return Path(cache_dir) / name
-    folder = data_p.resolve().parent
-    probe = folder
-    while not probe.exists():            # data/ before its first download: it will be created
-        probe = probe.parent
-    if os.access(probe, os.W_OK):
-        return folder / name
-    return common.default_cache_dir(data, "") / name
-
-
 def made_from_data(args: Args) -> bool:
     """Whether --fraternal_data is the German file this script makes from --data (main() points
     it there when the flag is left out), not a file of the user's."""
-    return args.fraternal_data == str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+    return args.fraternal_data == str(translate.default_fraternal_path(args.data, args.mt_model, args.cache_dir))
 
 
 def check_fraternal_file(args: Args) -> None:
@@ -438,21 +408,28 @@ def read_fraternal(args: Args, n: int, made_here: bool = False) -> list[str]:
                     f"leave --fraternal_data out to have it made on the first run.")
 
 
+def check_german_file(args: Args, made_here: bool) -> None:
+    """Before anything is loaded or written: a German file of the user's must be there, and
+    parallel to --data; one this script is to make needs a loadable --mt_model."""
+    if not Path(args.fraternal_data).is_file():
+        if not made_here:
+            check_fraternal_file(args)           # the user's file is missing
+        translate.check_mt_model(args.mt_model)  # the first run: it will be made
+    elif Path(args.data).is_file():              # it must be parallel to --data
+        read_fraternal(args, common.data_rows(args.data), made_here)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["translate"]:
-        raise UserError("`python ifcl.py translate` moved: run `python tools/translate.py --data ...` "
-                        "(the same flags; --help lists them).")
     args = common.parse_args(Args, argv, description=__doc__)
-    if args.no_fraternal and not args.no_twins:
+    if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
-        args.no_twins = True
     if not args.no_fraternal and not args.fraternal_data:  # made from --data on the first run, then reused
-        args.fraternal_data = str(default_fraternal_path(args.data, args.mt_model, args.cache_dir))
-    made_here = not args.no_fraternal and made_from_data(args)   # as Args.rules() decides it
+        args.fraternal_data = str(translate.default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+    made_here = not args.no_fraternal and made_from_data(args)
+    if not args.no_fraternal:
+        check_german_file(args, made_here)
     to_translate = made_here and not Path(args.fraternal_data).is_file()
     if to_translate:
-        from tools import translate                # the first run only
         if int(os.environ.get("RANK", "0")) == 0:  # an earlier launch's failure note goes
             translate.failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)  # before the ranks meet
     device = common.start(args)                    # torchrun, flags checked, seed, output folder
@@ -476,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict:
         data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache, desc="tokenizing fraternal")
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
-    return common.train(args, model, data, tokenizer, "avg", paper=("IFCL paper", PAPER))
+    return common.train(args, model, data, tokenizer, "avg", paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ class Args(common.TrainArgs):
                     "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
     model: str = arg("sentence-transformers/nli-roberta-base-v2", "hub name or local folder of the "
                      "encoder; both stages start from it", "paper App. A")
-    output_dir: str = arg("runs/rcl", "run folder: entropy_phi<phi>/ per entropy model (end/, best/), "
-                          "then the final model's args.json, metrics.jsonl, best/, last/")
+    output_dir: str = arg("", "run folder: entropy_phi<phi>/ per entropy model (end/, best/), then the "
+                          "final model's args.json, metrics.jsonl, best/, last/ (default: runs/rcl/<the "
+                          "flags that differ from their defaults>, e.g. runs/rcl/phi0.01)")
     lr: float = arg(1e-5, "peak learning rate, decayed linearly to 0 (SimCSE's RoBERTa-base value; "
                     "the paper gives none)", "ours", gt=0)
     eval_every: int = arg(0, "steps between STS-B dev evaluations (0 = every 10%% of an epoch, "
@@ -108,6 +109,10 @@ class Args(common.TrainArgs):
     pooler: str = arg("avg", "sentence vector for training, evaluation and the saved model: masked "
                       "mean (SRoBERTa) or raw [CLS]", "paper App. A", choices=["avg", "cls_before_pooler"])
 
+    def settle(self, data_rows: int) -> None:
+        if self.eval_every == 0:   # App. A: every 10% of an epoch
+            self.eval_every = max(1, data_rows // self.batch_size // 10)
+
     def rules(self) -> None:
         if len({f"{p:g}" for p in self.phi}) != len(self.phi):
             raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
@@ -117,10 +122,14 @@ class Args(common.TrainArgs):
                             f"sent0,sent1,hard_neg, or leave the flag out.")
 
 
-# Paper Tab. 3 (RCL, SRoBERTa-base, phi = 0.01..0.04, batch 64, mean of 5 runs); printed
-# beside this run's numbers at the end.
-PAPER = {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
-         "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40}
+# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures
+PAPER_ROWS = [
+    common.PaperRow("Tab. 3", "RCL(ours)",
+                    {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
+                     "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
+                    data="nli_for_simcse.csv", note="a mean of 5 runs"),
+]
 
 DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy model is complete
 
@@ -326,6 +335,7 @@ def start(args: Args) -> torch.device:
     """common.start, aware of stage 1: finished entropy models are never silently overwritten.
     --resume before the final model has a checkpoint of its own is common's case of a run
     stopped before its first checkpoint (args.json is there): it starts from step 0."""
+    args.check()                                 # the flags, and the default --output_dir named
     out = Path(args.output_dir)
     stage1 = sorted(out.glob("entropy_phi*")) if out.is_dir() else []
     if stage1 and not args.resume:
@@ -365,6 +375,8 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
             shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
     common.barrier()
     folder.mkdir(parents=True, exist_ok=True)
+    if main_proc:
+        common.hold_run_folder(folder)     # one process a folder, as common.start holds --output_dir
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
     model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
@@ -386,16 +398,16 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
                "entropy_best": probe_entropy(EntropyModel(best, args.pooler, phi, args.tau).to(device),
                                              data, args, device)}
     if main_proc:
-        rec = {**marker_record(args, phi), "steps": res["steps"], "total": res["total"],
+        summary = {**marker_record(args, phi), "steps": res["steps"], "total": res["total"],
                "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
                "stopped_early": res["stopped_early"], "best_dev": res["best_dev"], "best_step": res["best_step"],
                "dev_start": at_start.get("dev_start"), "dev_end": res["last_dev"],
                "entropy_start": at_start["entropy_start"], **entropy}
-        entropy, dev = regulating(rec, args.regulate_with)
-        print(f"entropy model phi={phi:g}: {where_stopped(rec)}; its {args.regulate_with}/ weights, which "
-              f"regulate: row entropy {rec['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
-              f"{_num(rec['dev_start'], '.2f')} -> {dev:.2f}")
-        common.write_text_atomic(folder / DONE, json.dumps(rec, indent=2))
+        entropy, dev = regulating(summary, args.regulate_with)
+        print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, which "
+              f"regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
+              f"{figure(summary['dev_start'], '.2f')} -> {dev:.2f}")
+        common.write_text_atomic(folder / DONE, json.dumps(summary, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, stage 2 reads end/ or best/
         shutil.rmtree(folder / "last", ignore_errors=True)
@@ -403,21 +415,22 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     return res
 
 
-def _num(x, spec: str) -> str:
-    return "?" if x is None else format(x, spec)  # "?": a DONE.json written before the figure was
+def figure(x, spec: str) -> str:
+    """x formatted, or "?" for a figure that a DONE.json written by an older rcl.py lacks."""
+    return "?" if x is None else format(x, spec)
 
 
-def regulating(rec: dict, which: str) -> tuple[float | None, float | None]:
+def regulating(summary: dict, which: str) -> tuple[float | None, float | None]:
     """(row entropy, STS-B dev) of an entropy model's end/ or best/ weights, from its DONE.json."""
-    return rec.get(f"entropy_{which}"), rec.get("dev_end" if which == "end" else "best_dev")
+    return summary.get(f"entropy_{which}"), summary.get("dev_end" if which == "end" else "best_dev")
 
 
-def where_stopped(rec: dict) -> str:
+def where_stopped(summary: dict) -> str:
     """'stopped early at step 350 of 4306 (8% of an epoch)', or 'trained its 4306 steps'."""
-    if not rec.get("stopped_early"):
-        return f"trained its {rec['steps']} steps"
-    share = f" ({100 * rec['steps'] / rec['epoch_steps']:.0f}% of an epoch)" if rec.get("epoch_steps") else ""
-    return f"stopped early at step {rec['steps']} of {rec.get('total', '?')}{share}"
+    if not summary.get("stopped_early"):
+        return f"trained its {summary['steps']} steps"
+    share = f" ({100 * summary['steps'] / summary['epoch_steps']:.0f}% of an epoch)" if summary.get("epoch_steps") else ""
+    return f"stopped early at step {summary['steps']} of {summary.get('total', '?')}{share}"
 
 
 def summary_table(records: list[dict], regulate_with: str = "end") -> str:
@@ -432,9 +445,9 @@ def summary_table(records: list[dict], regulate_with: str = "end") -> str:
     for r in records:
         entropy, dev = regulating(r, regulate_with)
         vs = f"{entropy - zero:+.4f}" if None not in (entropy, zero) else "-"
-        lines.append(f"{r['phi']:>7g}  {_num(r.get('entropy_start'), '.4f'):>10} -> {_num(entropy, '.4f'):<12}"
-                     f"  {vs:>8}  {_num(r.get('dev_start'), '.2f'):>8} -> {_num(dev, '.2f'):<12}  "
-                     f"{_num(r['best_dev'], '.2f')} ({r['best_step']})  {where_stopped(r)}")
+        lines.append(f"{r['phi']:>7g}  {figure(r.get('entropy_start'), '.4f'):>10} -> {figure(entropy, '.4f'):<12}"
+                     f"  {vs:>8}  {figure(r.get('dev_start'), '.2f'):>8} -> {figure(dev, '.2f'):<12}  "
+                     f"{figure(r['best_dev'], '.2f')} ({r['best_step']})  {where_stopped(r)}")
     return "\n".join(lines)
 
 
@@ -446,20 +459,20 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
     for phi in args.phi:
         folder = entropy_dir(args.output_dir, phi)
         if (folder / DONE).exists():
-            rec = json.loads((folder / DONE).read_text())
+            summary = json.loads((folder / DONE).read_text())
             want = marker_record(args, phi)
-            diff = [k for k in want if k != "seed" and rec.get(k) != want[k]]
+            diff = [k for k in want if k != "seed" and summary.get(k) != want[k]]
             if diff:
                 raise UserError(f"--resume: {folder} was trained with a different "
-                                f"{', '.join(f'--{k} ({rec.get(k)})' for k in diff)}. Use another "
+                                f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
                                 f"--output_dir, or delete {folder} to train it again.")
             if not (folder / args.regulate_with).is_dir():
                 raise UserError(f"--regulate_with {args.regulate_with}: {folder} has no "
                                 f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {folder} "
                                 f"to train it again, or pass --regulate_with best.")
             if common.world()[0] == 0:
-                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} ({where_stopped(rec)}, "
-                      f"best STS-B dev {rec['best_dev']:.2f})")
+                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} ({where_stopped(summary)}, "
+                      f"best STS-B dev {summary['best_dev']:.2f})")
                 shutil.rmtree(folder / "last", ignore_errors=True)  # if a kill came before its removal
         else:
             train_entropy_model(args, phi, folder, data, device, start_figures)
@@ -483,7 +496,7 @@ def train_final(args: Args, data: dict, folders: list[Path], device: torch.devic
     model = RCL(encoder, args.pooler, args.tau, [load_frozen(d, device) for d in folders], args.phi).to(device)
     # App. A: the final model sees "the positive instances and entailment instances"
     data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
-    return common.train(args, model, data, tokenizer, args.pooler, paper=("RCL paper", PAPER))
+    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 def main(argv: list[str] | None = None) -> dict:

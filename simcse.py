@@ -27,7 +27,6 @@ paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +46,6 @@ class Args(common.TrainArgs):
     """TrainArgs' defaults are this paper's (common.py); SimCSE adds:"""
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised) or a CSV "
                     "sent0,sent1[,hard_neg] (supervised)", "paper Sec. 3")
-    output_dir: str = arg("runs/simcse", "run folder: args.json, metrics.jsonl, best/, last/")
     eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
                           "paper's App. A says every 250)", "official code", ge=1)
     tau: float = arg(0.05, "temperature of the contrastive loss", "paper Tab. D.1", gt=0,
@@ -64,15 +62,21 @@ class Args(common.TrainArgs):
                                    "Use --pooler cls_before_pooler with --no_mlp (Tab. 6 'w/o MLP').")
 
 
-# Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win.
-SUP_DEFAULTS = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls",
-                "output_dir": "runs/simcse-sup"}
+    # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win
+    csv_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
 
-# Paper Tab. 5, BERT-base; printed beside this run's numbers at the end.
-PAPER = {"unsup": {"STS12": 68.40, "STS13": 82.41, "STS14": 74.38, "STS15": 80.91, "STS16": 78.56,
-                   "STSBenchmark": 76.85, "SICKRelatedness": 72.23, "avg": 76.25},
-         "sup": {"STS12": 75.30, "STS13": 84.67, "STS14": 80.19, "STS15": 85.40, "STS16": 80.82,
-                 "STSBenchmark": 84.25, "SICKRelatedness": 80.39, "avg": 81.57}}
+
+# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures
+PAPER_ROWS = [
+    common.PaperRow("Tab. 5", "Unsup-SimCSE-BERT_base",
+                    {"STS12": 68.40, "STS13": 82.41, "STS14": 74.38, "STS15": 80.91, "STS16": 78.56,
+                     "STSBenchmark": 76.85, "SICKRelatedness": 72.23, "avg": 76.25}),
+    common.PaperRow("Tab. 5", "Sup-SimCSE-BERT_base",
+                    {"STS12": 75.30, "STS13": 84.67, "STS14": 80.19, "STS15": 85.40, "STS16": 80.82,
+                     "STSBenchmark": 84.25, "SICKRelatedness": 80.39, "avg": 81.57},
+                    data="nli_for_simcse.csv"),
+]
 
 
 # =====================================================================================
@@ -146,19 +150,14 @@ class SimCSE(nn.Module):
 # =====================================================================================
 
 def main(argv: list[str] | None = None) -> dict | None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        raise common.UserError("`python simcse.py bench` moved: run `python tools/bench.py --method simcse` "
-                               "(--help for its flags).")
-    args = common.parse_args(Args, argv, csv_defaults=SUP_DEFAULTS, description=__doc__)
+    args = common.parse_args(Args, argv, description=__doc__)
     device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     supervised = "sent0" in columns
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp).to(device)
-    return common.train(args, model, data, tokenizer, args.pooler,
-                        paper=("SimCSE paper", PAPER["sup" if supervised else "unsup"]))
+    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

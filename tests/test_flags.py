@@ -149,16 +149,10 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
 @pytest.mark.parametrize("main,argv,msg", [
     (translate.main, ["--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
     (translate.main, ["--num_beams", "0"], "--num_beams 0: must be >= 1"),
-    (ifcl.main, ["translate", "--data", "x.txt"], "`python ifcl.py translate` moved: run `python tools/translate.py"),
     (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
     (compare.main, ["somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
     (bench.main, ["--steps", "0"], "--steps 0: must be >= 1"),
-    (common.cli, ["bench"], "`python common.py bench` moved: run `python tools/bench.py --method simcse`"),
-    (simcse.main, ["bench", "--steps", "3"], "`python simcse.py bench` moved: run `python tools/bench.py "
-                                             "--method simcse`"),
-    (common.cli, ["compare", "runs/x"], "`python common.py compare` moved: run `python tools/compare.py RUN"),
-], ids=["translate-chunk", "translate-beams", "ifcl-translate-moved", "eval", "compare", "bench-steps",
-        "bench-moved", "simcse-bench-moved", "compare-moved"])
+], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps"])
 def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, argv)

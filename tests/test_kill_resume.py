@@ -86,17 +86,13 @@ def _arm(kind: str, name: str | None, n: int) -> None:
                 die()
         os.truncate = truncate
     elif kind == "step":
-        real_make = common.make_step
+        real_step = common.train_step
 
-        def make_step(*a, **k):
-            step = real_make(*a, **k)
-
-            def dying(batch):
-                if due():
-                    die()
-                return step(batch)
-            return dying
-        common.make_step = make_step
+        def dying(*a, **k):
+            if due():
+                die()
+            return real_step(*a, **k)
+        common.train_step = dying
     else:
         raise ValueError(kind)
 
@@ -302,17 +298,14 @@ HELD_RUN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import common, simcse
-real, calls = common.make_step, [0]
-def make_step(*a, **k):
-    step = real(*a, **k)
-    def held(batch):
-        calls[0] += 1
-        t0 = time.time()
-        while calls[0] == 3 and time.time() - t0 < 600:
-            time.sleep(0.1)
-        return step(batch)
-    return held
-common.make_step = make_step
+real, calls = common.train_step, [0]
+def held(*a, **k):
+    calls[0] += 1
+    t0 = time.time()
+    while calls[0] == 3 and time.time() - t0 < 600:
+        time.sleep(0.1)
+    return real(*a, **k)
+common.train_step = held
 common.run_main(simcse.main, sys.argv[2:])
 """
 

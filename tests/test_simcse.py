@@ -239,25 +239,21 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     ref = {r["step"]: r["loss"] for r in _metrics(full / "run") if "loss" in r}
 
     # kill the second run inside step 4 (after the checkpoint of step 2; step 3 is logged)
-    real = common.make_step
+    real = common.train_step
     calls = {"n": 0}
 
     def dying(*a, **k):
-        step = real(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
 
-        def wrapped(batch):
-            calls["n"] += 1
-            if calls["n"] == 4:
-                raise KeyboardInterrupt
-            return step(batch)
-        return wrapped
-
-    monkeypatch.setattr(common, "make_step", dying)
+    monkeypatch.setattr(common, "train_step", dying)
     part = tmp_path / "part"
     part.mkdir()
     with pytest.raises(KeyboardInterrupt):
         _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
-    monkeypatch.setattr(common, "make_step", real)
+    monkeypatch.setattr(common, "train_step", real)
     with pytest.raises(common.UserError, match="already holds a run"):
         _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
     assert [r["step"] for r in _metrics(part / "run") if "loss" in r] == [1, 2, 3]

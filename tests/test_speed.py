@@ -38,11 +38,18 @@ def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
     return {"text": {"input_ids": ids * mask, "attention_mask": mask}}
 
 
+def _step_fn(model, opt, sched, device, max_grad_norm=1.0, world_size=1, compile=False, amp=True):
+    """The step as train() takes it: train_step over the model, or over its CompiledModel."""
+    device = torch.device(device)
+    forward = common.CompiledModel(model, device, world_size) if compile else model
+    return lambda batch: common.train_step(forward, batch, opt, sched, max_grad_norm, device, world_size, amp)
+
+
 def _losses(compile_, device, steps=4):
     model = _tiny_simcse().to(device)
     params = [p for p in model.parameters()]
     opt, sched = common.make_optimizer(params, 1e-3, 0.0, 10**9, torch.device(device))   # as train() builds them
-    step = common.make_step(model, params, opt, sched, torch.device(device), 1.0, 1, compile=compile_)
+    step = _step_fn(model, opt, sched, device, compile=compile_)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.to(device) for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -85,46 +92,6 @@ def test_out_of_memory_says_what_to_do(capsys):
     assert "--batch_size" in err and "torchrun --nproc_per_node" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("scale", [10.0, 1e-3])   # clipped, and left alone (norm below max)
-def test_clip_divisor_is_clip_grad_norm(scale):
-    g = torch.Generator().manual_seed(1)
-    grads = [torch.randn(shape, generator=g) * scale for shape in [(7, 5), (5,), (1,), (3, 2, 2)]]
-    ps = [torch.zeros_like(x, requires_grad=True) for x in grads]
-    for p, x in zip(ps, grads):
-        p.grad = x.clone()
-    norm = torch.nn.utils.clip_grad_norm_(ps, 1.0)
-    d = common.clip_divisor(grads, 1.0)
-    assert d.shape == () and (float(d) > 1) == (float(norm) > 1)
-    for p, x in zip(ps, grads):
-        assert torch.allclose(x / d, p.grad, rtol=1e-6, atol=0)
-
-
-def _params_after(fused: bool, max_grad_norm: float, steps: int = 3) -> list[torch.Tensor]:
-    model = _tiny_simcse()
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3, fused=fused, foreach=None if fused else False)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common.make_step(model, params, opt, sched, torch.device("cpu"), max_grad_norm, 1)
-    for i in range(steps):
-        step(_batch(16, seed=i))
-    assert not hasattr(opt, "grad_scale")     # the clip divisor is used by one step only
-    return [p.detach().clone() for p in params]
-
-
-def test_clipping_inside_fused_adamw_equals_clip_then_adamw(monkeypatch):
-    """With a fused AdamW the step clips through the optimizer's grad_scale; the weights
-    after 3 steps equal clip_grad_norm_ followed by a plain (for-loop) AdamW."""
-    ref = _params_after(fused=False, max_grad_norm=0.05)
-    unclipped = _params_after(fused=False, max_grad_norm=0.0)
-    def no_clip(*a, **k):
-        raise AssertionError("the fused path must not call clip_grad_norm_")
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", no_clip)
-    got = _params_after(fused=True, max_grad_norm=0.05)
-    # fused and for-loop AdamW round differently (about 2e-7 here); clipping moves weights by 1e-3
-    assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-5
-    assert max(float((a - b).abs().max()) for a, b in zip(ref, unclipped)) > 1e-4
-
-
 def _plain_losses(batches, fused=False, max_grad_norm=1.0, world_size=1) -> list[float]:
     """The losses of plain clip_grad_norm_ + AdamW, written out here, on the CPU."""
     model = _tiny_simcse()
@@ -145,41 +112,38 @@ def _plain_losses(batches, fused=False, max_grad_norm=1.0, world_size=1) -> list
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_cuda_path_simulated_on_cpu(world_size, monkeypatch):
-    """The fast path's wiring with CUDA simulated on the CPU: on one GPU the step is compiled
+    """The fast path's wiring with CUDA simulated on the CPU: on one GPU the model is compiled
     with torch.compile's CUDA graphs (mode "reduce-overhead") and marks each step's start, so
-    that a replay may overwrite the last step's outputs, which the step has copied; under DDP
-    it is compiled without graphs. The clipping goes through the fused AdamW's grad_scale, and
-    the losses are the eager step's."""
+    that a replay may overwrite the last step's outputs, which train_step has copied; under DDP
+    it is compiled without graphs. The step clips, steps the fused AdamW and the schedule, and
+    its losses are those of the plain step written out."""
     batches = [_batch(16, seed=i) for i in range(4)]
-    seen, marks = [], []
+    seen, marks, clips = [], [], []
 
     def fake_compile(model, mode=None, backend=None):
         seen.append((mode, backend))
         return model                                     # the compiled model computes the same
 
+    real_clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, max_norm, **kw: clips.append(max_norm) or real_clip(params, max_norm, **kw))
     model = _tiny_simcse()
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)   # as make_optimizer builds it on CUDA
+    opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3, fused=True)   # as make_optimizer builds it on CUDA
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
-    scales = []
-    real_step = opt.step
-    opt.step = lambda: (scales.append(float(opt.grad_scale)), real_step())[1]
-    step = common.make_step(model, params, opt, sched, torch.device("cuda"), 0.5, world_size, compile=True)
+    step = _step_fn(model, opt, sched, "cuda", 0.5, world_size, compile=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                  # CUDA autocast asked for on a CPU machine
         got = [step(b) for b in batches]
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
     assert seen == [("reduce-overhead" if world_size == 1 else None, "inductor")]
     assert len(marks) == (len(batches) if world_size == 1 else 0)
-    assert len(scales) == len(batches) and all(s >= 1 for s in scales) and max(scales) > 1   # clipped
-    assert not hasattr(opt, "grad_scale")                # one step's divisor only
+    assert clips == [0.5] * len(batches)
     assert sched.last_epoch == len(batches)
     want = _plain_losses(batches, fused=True, max_grad_norm=0.5, world_size=world_size)
-    # rel 1e-3: the loss falls to about 1e-4 by the 4th step, where dividing by the clip divisor
-    # and clip_grad_norm_'s multiplication round apart by up to 6e-5 relative (the CPU's kernels
-    # decide); clipping at 0.6 instead of 0.5 moves that loss by 3%, no clipping by 30%
-    assert [float(l) for l, _ in got] == pytest.approx(want, rel=1e-3)
+    # clipping at 0.6 instead of 0.5 moves the 4th loss by 3%, no clipping by 30%
+    assert [float(l) for l, _ in got] == pytest.approx(want, rel=1e-5)
     loss = got[0][0]
     assert loss.requires_grad is False and loss.dtype == torch.float32
 
@@ -206,7 +170,7 @@ def test_cuda_graphs_read_the_batch_the_lr_and_fresh_dropout(dropout, capsys):
     opt, _ = common.make_optimizer(params, 1e-3, 0.0, 10, cuda)
     factor = [1.0]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor[0])
-    step = common.make_step(model, params, opt, sched, cuda, 1.0, 1, compile=True)
+    step = _step_fn(model, opt, sched, cuda, compile=True)
     b0, b1 = ({k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
               for i in (0, 1))
     for _ in range(4):                                 # compile, warm up, record the graphs
@@ -228,7 +192,7 @@ def _losses_fp32_cuda(steps):
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    step = common.make_step(model, params, opt, sched, torch.device("cuda"), amp=False)
+    step = _step_fn(model, opt, sched, "cuda", amp=False)
     out = []
     for i in range(steps):
         b = {k: {kk: vv.cuda() for kk, vv in v.items()} for k, v in _batch(16, seed=i).items()}
@@ -254,7 +218,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     n = 8 // world
     local = {k: {kk: vv[rank * n:(rank + 1) * n] for kk, vv in v.items()} for k, v in full.items()}
     loss = ddp(local)
-    (loss * world).backward()        # what common.make_step does under DDP
+    (loss * world).backward()        # what common.train_step does under DDP
     if rank == 0:
         torch.save({"loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()
                                                      if p.grad is not None}}, out_path)
@@ -344,7 +308,7 @@ def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        step = common.make_step(model, params, opt, sched, cpu, 1.0, 1, compile=True)
+        step = _step_fn(model, opt, sched, cpu, compile=True)
         with torch._dynamo.config.patch(error_on_recompile=True):
             for b in batches:
                 step(b)

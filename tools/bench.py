@@ -93,7 +93,7 @@ def forward_flops_per_token(config, seq_len: int) -> float:
     return 2 * non_emb + 4 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
-def build(method: str, encoder: nn.Module, cfg, a: Args) -> tuple[nn.Module, list[str], list[tuple[int, int]]]:
+def build(method: str, encoder: nn.Module, cfg, args: Args) -> tuple[nn.Module, list[str], list[tuple[int, int]]]:
     """(the method's model over `encoder`, its data columns, what the encoder reads per step as
     (sentences, length) in units of (--batch_size, --max_len))."""
     if method == "simcse":
@@ -110,7 +110,7 @@ def build(method: str, encoder: nn.Module, cfg, a: Args) -> tuple[nn.Module, lis
 
         import ifcl
         bel_f = AutoModel.from_config(cfg).embeddings              # a frozen embedding layer of the same width
-        return ifcl.IFCL(encoder, bel_f, ifcl.Args(batch_size=a.batch_size, max_len=a.max_len), 0, 0), \
+        return ifcl.IFCL(encoder, bel_f, ifcl.Args(batch_size=args.batch_size, max_len=args.max_len), 0, 0), \
             ["text", "frat"], [(3, 1)]
     import conisi   # [CLS] a [SEP] b [SEP] with BERT's ids: a random model needs no tokenizer
     tpl = conisi.PairTemplate(1, 1, (101,), (102,), (102,), (0,), (0,), (1,), 0, 1, 0, True)
@@ -159,48 +159,50 @@ def profile_steps(step: Callable, batches: list, device: torch.device, trace: st
 
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModel
-    a = common.parse_args(Args, argv, description=__doc__, prog="python tools/bench.py")
+    args = common.parse_args(Args, argv, description=__doc__, prog="python tools/bench.py")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = config_from(a.config)
-    n = a.batch_size * (a.steps + a.warmup)
-    rng = np.random.default_rng(a.seed)
-    _, columns, reads = build(a.method, AutoModel.from_config(cfg), cfg, a)   # to learn the columns
+    cfg = config_from(args.config)
+    n = args.batch_size * (args.steps + args.warmup)
+    rng = np.random.default_rng(args.seed)
+    _, columns, reads = build(args.method, AutoModel.from_config(cfg), cfg, args)   # to learn the columns
     data = {c: common.Tokens(rng.integers(1000 if cfg.vocab_size > 2000 else 5, cfg.vocab_size,
-                                          size=(n, a.max_len)).astype(np.int32), np.full(n, a.max_len, np.int32), 0)
+                                          size=(n, args.max_len)).astype(np.int32), np.full(n, args.max_len, np.int32), 0)
             for c in columns}
-    plan = common.batch_plan(n, a.batch_size, a.seed, 0)
-    flops = 3 * sum(k * a.batch_size * m * a.max_len * forward_flops_per_token(cfg, m * a.max_len) for k, m in reads)
-    print(f"{a.method} on {a.config}: batch {a.batch_size}, max_len {a.max_len}, {flops / 1e12:.2f} TFLOP/step "
+    plan = common.batch_plan(n, args.batch_size, args.seed, 0)
+    flops = 3 * sum(k * args.batch_size * m * args.max_len * forward_flops_per_token(cfg, m * args.max_len) for k, m in reads)
+    print(f"{args.method} on {args.config}: batch {args.batch_size}, max_len {args.max_len}, {flops / 1e12:.2f} TFLOP/step "
           f"(3 x forward), device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
 
     def run(name: str, fast: bool) -> float:
-        torch.manual_seed(a.seed)
-        model = build(a.method, AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager"),
-                      cfg, a)[0].to(device).train()
+        torch.manual_seed(args.seed)
+        model = build(args.method, AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager"),
+                      cfg, args)[0].to(device).train()
         params = [p for p in model.parameters() if p.requires_grad]
-        total = a.steps + a.warmup
+        total = args.steps + args.warmup
         # the baseline's AdamW is the plain, unfused one (a CPU device asks for that)
         opt, sched = common.make_optimizer(params, 3e-5, 0.0, total, device if fast else torch.device("cpu"))
-        step = common.make_step(model, params, opt, sched, device, 1.0, 1, amp=fast,
-                                compile=fast and a.compile and device.type == "cuda")
-        ms, warm, loss = time_step(step, lambda i: common.device_batch(data, plan[i], a.max_len, device),
-                                   a.steps, a.warmup, device)
+        forward = common.CompiledModel(model, device) if fast and args.compile and device.type == "cuda" else model
+
+        def step(batch):   # the step as train() takes it
+            return common.train_step(forward, batch, opt, sched, 1.0, device, amp=fast)
+        ms, warm, loss = time_step(step, lambda i: common.device_batch(data, plan[i], args.max_len, device),
+                                   args.steps, args.warmup, device)
         mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-        print(f"{name:28s} {ms:8.2f} ms/step  {a.batch_size / ms * 1e3:9.0f} sent/s  "
+        print(f"{name:28s} {ms:8.2f} ms/step  {args.batch_size / ms * 1e3:9.0f} sent/s  "
               f"MFU {flops / (ms / 1e3) / H100_BF16_PEAK * 100:5.1f}%  peak {mem:5.2f} GiB  "
               f"(warm-up {warm:.1f}s, last loss {loss:.3f})")
-        if fast and a.profile:
-            profile_steps(step, [common.device_batch(data, plan[i % len(plan)], a.max_len, device)
-                                 for i in range(5)], device, a.profile, ms)
+        if fast and args.profile:
+            profile_steps(step, [common.device_batch(data, plan[i % len(plan)], args.max_len, device)
+                                 for i in range(5)], device, args.profile, ms)
         return ms
 
     fast_ms = run("project step" + (" (bf16, compiled)" if device.type == "cuda" else ""), True)
-    if a.baseline:
+    if args.baseline:
         print(f"speed-up over the plain fp32 eager step: {run('plain fp32 eager step', False) / fast_ms:.2f}x")
-    print(f"one epoch of 1M sentences at this speed: {1e6 / a.batch_size * fast_ms / 1e3 / 60:.1f} min "
+    print(f"one epoch of 1M sentences at this speed: {1e6 / args.batch_size * fast_ms / 1e3 / 60:.1f} min "
           f"of training time")
-    if a.sts_dir:
-        name = a.tokenizer or (a.config if Path(a.config).is_dir() else "")
+    if args.sts_dir:
+        name = args.tokenizer or (args.config if Path(args.config).is_dir() else "")
         if not name:
             print("(STS timing needs a tokenizer: pass --tokenizer)")
             return
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         enc = AutoModel.from_config(cfg, attn_implementation="sdpa").to(device)
         t = time.perf_counter()
         common.evaluate_sts(common.make_encode(enc, AutoTokenizer.from_pretrained(name), "cls_before_pooler"),
-                            a.sts_dir)
+                            args.sts_dir)
         print(f"7 STS tasks evaluated in {time.perf_counter() - t:.1f} s")
 
 

@@ -127,9 +127,9 @@ def group_runs(runs: list[dict]) -> list[dict]:
     out = list(groups.values())
     firsts = [g["runs"][0]["args"] for g in out if g["runs"][0]["args"] is not None]
     differing = {}   # the flags that tell groups apart: a value not the same in every group that has it
-    for k in sorted({k for a in firsts for k in a} - set(IGNORED) - {"pooler"}):
-        strs = [_fmt(a[k]) for a in firsts if k in a]
-        if len({json.dumps(a[k], sort_keys=True, default=str) for a in firsts if k in a}) > 1:
+    for k in sorted({k for args in firsts for k in args} - set(IGNORED) - {"pooler"}):
+        strs = [_fmt(args[k]) for args in firsts if k in args]
+        if len({json.dumps(args[k], sort_keys=True, default=str) for args in firsts if k in args}) > 1:
             differing[k] = _short_paths(strs) if any("/" in s for s in strs) else {s: s for s in strs}
     for g in out:
         first = g["runs"][0]
@@ -207,9 +207,9 @@ def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
     by_step, path = {}, folder / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
-            rec = json.loads(line)
-            if "stsb_dev" in rec:
-                by_step[int(rec["step"])] = float(rec["stsb_dev"])
+            record = json.loads(line)
+            if "stsb_dev" in record:
+                by_step[int(record["step"])] = float(record["stsb_dev"])
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by an interruption
     return sorted(by_step), [by_step[s] for s in sorted(by_step)]
@@ -248,26 +248,26 @@ def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else [str(x) for x in argv]
-    a = common.parse_args(Args, argv, description=__doc__, prog="python tools/compare.py")
-    if not a.runs:
+    args = common.parse_args(Args, argv, description=__doc__, prog="python tools/compare.py")
+    if not args.runs:
         raise UserError("give at least one run folder, e.g. `python tools/compare.py runs/simcse "
                         "runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
-    if a.pooler != "cls_before_pooler" and not a.baseline:
+    if args.pooler != "cls_before_pooler" and not args.baseline:
         raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop --pooler.")
-    if a.plot and Path(a.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise UserError(f"--plot {a.plot}: give a file name ending in .png, .pdf or .svg.")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
     seen = set()
-    for f in a.runs:
+    for f in args.runs:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
         seen.add(Path(f).resolve())
     # everything is read and checked before anything is written or printed
-    runs = [read_run(f, plot=bool(a.plot)) for f in a.runs]
+    runs = [read_run(f, plot=bool(args.plot)) for f in args.runs]
     groups = group_runs(runs)
     table = compare_table(groups) if any(g["finished"] for g in groups) else None
-    if a.markdown and table is None:
-        raise UserError(f"--markdown {a.markdown}: none of the runs has finished: there is no table to write.")
-    if a.plot:
+    if args.markdown and table is None:
+        raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table to write.")
+    if args.plot:
         _pyplot()   # a missing matplotlib is said now, not after the table is out
         for r in runs:
             if r["test"] is None:
@@ -275,24 +275,24 @@ def main(argv: list[str] | None = None) -> None:
                       file=sys.stderr)
             if not dev_curve(r["path"])[0]:
                 print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve", file=sys.stderr)
-    if a.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
+    if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
         tasks = table["tasks"] if table else None
-        res = common.evaluate_encoder(a.baseline, a.pooler, a.sts_dir, tasks, "test", a.batch_size)
-        table = compare_table(groups, (f"{Path(a.baseline).name or a.baseline} untrained [{a.pooler}]", res))
+        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test", args.batch_size)
+        table = compare_table(groups, (f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]", res))
     if table is not None:
         print(format_compare(table))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
             seeds = [r["args"].get("seed") for r in g["runs"]]
             print(f"  {g['label']}: " + ", ".join(f"{r['path']} (seed {s})" for r, s in zip(g["runs"], seeds))
                   + ("  NOTE: the same seed twice" if len(set(seeds)) < len(seeds) else ""), file=sys.stderr)
-        if a.markdown:
-            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+        if args.markdown:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             command = " ".join(["python tools/compare.py"] + [shlex.quote(x) for x in argv])
-            Path(a.markdown).write_text(format_markdown(table, command), encoding="utf-8")
-            print(f"Markdown table: {a.markdown}", file=sys.stderr)
-    if a.plot:
-        plot_dev_curves(groups, a.plot)
-        print(f"STS-B dev curves: {a.plot}", file=sys.stderr)
+            Path(args.markdown).write_text(format_markdown(table, command), encoding="utf-8")
+            print(f"Markdown table: {args.markdown}", file=sys.stderr)
+    if args.plot:
+        plot_dev_curves(groups, args.plot)
+        print(f"STS-B dev curves: {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/translate.py` from anywhere
 import common  # noqa: E402
-import ifcl  # noqa: E402  (where ifcl.py looks for the German file: default_fraternal_path)
 from common import UserError, arg  # noqa: E402
 
 
@@ -56,6 +55,36 @@ AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0
 
 
 
+
+
+def mt_slug(mt_model: str) -> str:
+    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
+    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
+    NOTE(ours): the name carries the model so that a file made by one model is never taken
+    for another's; two local folders both called 'mt' get different names."""
+    p = Path(mt_model).expanduser()
+    if p.is_dir():
+        full = str(p.resolve())
+        name = f"{p.resolve().name}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
+    else:
+        name = mt_model.replace("/", "--")
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Path:
+    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside
+    --data, or under --cache_dir when given or when --data's folder is not writable."""
+    data_p = Path(data)
+    name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
+    if cache_dir:
+        return Path(cache_dir) / name
+    folder = data_p.resolve().parent
+    probe = folder
+    while not probe.exists():            # data/ before its first download: it will be created
+        probe = probe.parent
+    if os.access(probe, os.W_OK):
+        return folder / name
+    return common.default_cache_dir(data, "") / name
 
 
 def mt_model_error(name: str, e: Exception) -> UserError:
@@ -93,12 +122,12 @@ def load_mt_model(name: str, device: torch.device):
     return tok, model
 
 
-def translate_chunk(model, tok, texts: list[str], a: TranslateArgs, prefix: str,
+def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: str,
                     device: torch.device, batch_size: int, on_batch) -> tuple[list[str], int]:
     """Translate `texts` in batches of similar length (greedy unless --num_beams) and return
     them in the input's order, with the batch size that fitted: on running out of GPU memory
     the batch is halved and tried again. `on_batch(k)` is called after each batch of k."""
-    ids = tok([prefix + t for t in texts], truncation=True, max_length=a.max_source_len)["input_ids"]
+    ids = tok([prefix + t for t in texts], truncation=True, max_length=args.max_source_len)["input_ids"]
     # longest first (stable: ties keep the input's order), so a batch that does not fit in
     # memory is met at the start of the chunk; similar lengths waste little on padding
     order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
@@ -117,8 +146,8 @@ def translate_chunk(model, tok, texts: list[str], a: TranslateArgs, prefix: str,
         try:
             with torch.inference_mode():
                 gen = model.generate(input_ids=x.to(device), attention_mask=mask.to(device),
-                                     num_beams=a.num_beams, do_sample=False,
-                                     max_new_tokens=a.max_new_tokens)       # (B, T)
+                                     num_beams=args.num_beams, do_sample=False,
+                                     max_new_tokens=args.max_new_tokens)       # (B, T)
         except torch.cuda.OutOfMemoryError:
             if batch_size == 1:
                 raise
@@ -134,22 +163,22 @@ def translate_chunk(model, tok, texts: list[str], a: TranslateArgs, prefix: str,
     return out, batch_size
 
 
-def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path:
+def translate_file(args: TranslateArgs, device: torch.device | None = None) -> Path:
     """Translate --data into --out (see `translate`); returns the finished file."""
-    src = common.read_sentences(a.data, "--data")
-    out = Path(a.out) if a.out else ifcl.default_fraternal_path(a.data, a.mt_model, a.cache_dir)
+    src = common.read_sentences(args.data, "--data")
+    out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     if out.exists():
         k = common.count_lines(out)
         if k == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
             return out
-        raise UserError(f"--out {out} exists with {k} lines but --data {a.data} has {len(src)} "
+        raise UserError(f"--out {out} exists with {k} lines but --data {args.data} has {len(src)} "
                         f"sentences. Delete it or choose another --out.")
     h = hashlib.sha256("\n".join(src).encode()).hexdigest()
-    key = {"data_sha256": h, "lines": len(src), "mt_model": a.mt_model, "prefix": a.prefix,
-           "num_beams": a.num_beams, "max_new_tokens": a.max_new_tokens,
-           "max_source_len": a.max_source_len}
+    key = {"data_sha256": h, "lines": len(src), "mt_model": args.mt_model, "prefix": args.prefix,
+           "num_beams": args.num_beams, "max_new_tokens": args.max_new_tokens,
+           "max_source_len": args.max_source_len}
     done = 0
     if part.exists():
         old = json.loads(meta.read_text()) if meta.exists() else None
@@ -167,19 +196,19 @@ def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path
     if done < len(src):
         device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         t_load = time.perf_counter()
-        tok, model = load_mt_model(a.mt_model, device)  # before anything is written
-        print(f"--mt_model {a.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
+        tok, model = load_mt_model(args.mt_model, device)  # before anything is written
+        print(f"--mt_model {args.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
               file=sys.stderr)
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             common.write_text_atomic(meta, json.dumps(key, indent=2))
             part.write_bytes(b"")
-        prefix = a.prefix
+        prefix = args.prefix
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
         if prefix == "auto":
             prefix = T5_PREFIX if model.config.model_type == "t5" else ""
-        batch_size = a.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
-        print(f"translating {len(src) - done} sentences of {a.data} into {out}", file=sys.stderr)
+        batch_size = args.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
+        print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
         bar = common.progress(total=len(src), desc="translating", unit="sent", initial=done)
         empty, t0 = 0, time.perf_counter()
         with open(part, "a", encoding="utf-8") as f:
@@ -187,15 +216,15 @@ def translate_file(a: TranslateArgs, device: torch.device | None = None) -> Path
             # inside and appended whole, in the input's order. A chunk cut by a kill is
             # translated again whole (the same batches, so the same lines), and only its lines
             # past the finished ones are written: every finished line is kept.
-            for c0 in range(done - done % a.chunk_size, len(src), a.chunk_size):
-                chunk = src[c0:c0 + a.chunk_size]
+            for c0 in range(done - done % args.chunk_size, len(src), args.chunk_size):
+                chunk = src[c0:c0 + args.chunk_size]
                 skip = max(0, done - c0)                # lines of this chunk already in <out>.part
                 seen = [0]
 
                 def on_batch(k: int) -> None:           # the bar counts new lines only
                     before, seen[0] = seen[0], seen[0] + k
                     bar.update(max(0, seen[0] - skip) - max(0, before - skip))
-                lines, batch_size = translate_chunk(model, tok, chunk, a, prefix, device,
+                lines, batch_size = translate_chunk(model, tok, chunk, args, prefix, device,
                                                     batch_size, on_batch)
                 lines, chunk = lines[skip:], chunk[skip:]
                 # NOTE(ours): an empty translation keeps the English line, so the files stay
