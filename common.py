@@ -1,23 +1,17 @@
-"""The shared half of every method script, in the order a training run meets it. A script
-(simcse.py, focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper: losses,
-augmentations, heads, its paper's rows; this file holds the rest.
+"""What every method script shares, in the order a training run meets it; a script (simcse.py,
+focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper: losses, heads, its paper's rows.
 
-For a reader of the papers, top to bottom:
     Flags            arg(), TrainArgs: the shared flags, each with its source and range
     Data             the training file, tokenised once into integer arrays, batches
     Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
-    STS evaluation   evaluate_sts: the 7 tasks as SimCSE's SentEval computes them;
-                     alignment and uniformity (Wang & Isola)
-    The paper's rows PaperRow, select_rows: the published row a run's flags reproduce
+    STS evaluation   evaluate_sts as SimCSE's SentEval computes it; alignment and uniformity
+    The paper's rows PaperRow, select_rows: the published rows a run's flags reproduce
     Distributed      gather: under torchrun every loss sees the global batch
     The step         train_step: forward, backward, clip, AdamW, schedule
     The loop         train: batch, step, log, evaluate, checkpoint; the final report
-Below the `Infrastructure` banner, what keeps runs safe and fast (a reader may stop there):
-downloads and their checks, the run folder (lock, atomic writes, checkpoint and resume),
-the sentence-transformers export, the compiled step, the command line
-(python common.py eval | download).
-
-The commands around training live in tools/: compare.py, bench.py, translate.py.
+Below the `Infrastructure` banner (a reader may stop there): downloads, input checks, the run
+folder (lock, the run's record, checkpoint and resume), the export, the compiled step, and the
+command line (python common.py eval | download). tools/ holds compare.py, bench.py, translate.py.
 """
 
 from __future__ import annotations
@@ -33,12 +27,15 @@ import io
 import json
 import math
 import os
+import pickle
 import random
 import shlex
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import typing
 import urllib.request
@@ -77,11 +74,9 @@ def progress(total: int | None, desc: str, unit: str = "it", disable: bool = Fal
 def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,
         ge: float | None = None, gt: float | None = None, le: float | None = None,
         lt: float | None = None, note: str = "", positional: bool = False) -> Any:
-    """A dataclass field with its help text, where its default comes from (paper Tab. N /
-    paper Sec. N / paper App. X / official code / ours), and the range its value must lie in
-    (ge: >=, gt: >, le: <=, lt: <; for a list, every element), checked by check_ranges.
-    `note` is added to a range error: why the range, and the values the paper used.
-    `positional`: a list read from the command line's bare words (compare's run folders)."""
+    """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
+    official code, ours), its range (ge >=, gt >, le <=, lt <; each element of a list) and a
+    `note` for a range error (the values the paper used). `positional`: compare's bare words."""
     bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
     meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
             "range": {k: v for k, v in bounds.items() if v is not None}}
@@ -90,48 +85,22 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
     return field(default=default, metadata=meta)
 
 
-def field_default(f: dataclasses.Field) -> Any:
-    """The default of a field that arg() made (a list default comes from a factory)."""
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
-               "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
-
-
-def check_ranges(args: Any) -> None:
-    """Every field against the range its arg() declares: a UserError that names the flag, the
-    value, the rule, the field's note and the default."""
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name)
-        for x in value if isinstance(value, list) else [value]:
-            for k, bound in f.metadata.get("range", {}).items():
-                word, ok = RANGE_WORDS[k]
-                if ok(x, bound):
-                    continue
-                default = field_default(f)
-                default = " ".join(map(str, default)) if isinstance(default, list) else default
-                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
-                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
-                                f"range, e.g. the default --{f.name} {default}.")
-
-
-# Flags that say where and how a run is written and shown, not what it trains: a --resume may
-# change them, the default run folder's name leaves them out, and compare.py ignores them
+# Flags that say where and how a run is written and shown, not what it trains: --resume may
+# change them, the default run folder's name leaves them out, compare.py ignores them
 NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
 
 
 @dataclass
 class TrainArgs:
-    """The flags every training script shares. A script's `Args(TrainArgs)` adds its own fields
-    and re-declares a field whose default (or help) it changes. The defaults are unsupervised
-    SimCSE's with BERT-base, the setup the other papers start from."""
+    """The flags every training script shares: unsupervised SimCSE's BERT-base defaults, which
+    the other papers start from. A script's `Args(TrainArgs)` adds fields and re-declares any
+    whose default it changes."""
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (downloaded on first use)",
                     "SimCSE paper Sec. 3")
     model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "SimCSE paper Sec. 3")
-    output_dir: str = arg("", "run folder: args.json, metrics.jsonl, best/, last/ (default: "
-                          "runs/<script>/<the flags that differ from their defaults>, e.g. "
-                          "runs/focal_infonce/m0.2; runs/<script>/default with none)")
+    output_dir: str = arg("", "run folder: args.json, metrics.jsonl, best/, last/ (default: runs/<script>/"
+                          "<the flags that differ from their defaults>, e.g. runs/focal_infonce/m0.2; "
+                          "runs/<script>/default with none)")
     max_steps: int = arg(0, "stop after this many steps (0 = run all epochs)", ge=0)
     epochs: int = arg(1, "passes over the data (0 only with --max_steps)", "SimCSE paper App. A", ge=0)
     batch_size: int = arg(64, "sentences per step (global, over all GPUs)", "SimCSE paper App. A", ge=1)
@@ -152,13 +121,12 @@ class TrainArgs:
     sources: ClassVar[dict[str, str]] = {}
     # defaults that replace the ones above when --data is a CSV (supervised SimCSE's)
     csv_defaults: ClassVar[dict[str, Any]] = {}
-    # a script's flags that choose no paper row (another data file, say): PaperRow, select_rows
+    # a script's flags that choose no paper row (another data file, say): select_rows
     row_free: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
-        """The flags on their own, before any file is read or downloaded: every field's range,
-        then the rules between flags (the script's own: rules()). common.start then checks the
-        files and the encoder."""
+        """The flags on their own, before any file is read: ranges, the default --output_dir,
+        then rules() between flags. common.start then checks the files and the encoder."""
         check_ranges(self)
         if not self.output_dir:
             self.output_dir = default_output_dir(self)
@@ -171,23 +139,21 @@ class TrainArgs:
         self.rules()
 
     def rules(self) -> None:
-        """A script's own rules between flags (a form of --data it cannot train on, say): its
-        Args overrides this. Each error names the flag and what to pass instead."""
+        """A script's own rules between flags (its Args overrides this); each error names the
+        flag and what to pass instead."""
 
     def settle(self, data_rows: int) -> None:
-        """Flags whose value depends on the data, settled once the data is known and before
-        args.json is written (RCL's --eval_every 0: every 10% of an epoch). Its Args overrides
-        this."""
+        """Flags that depend on the data, settled before args.json is written (RCL's
+        --eval_every 0: every 10% of an epoch); a script's Args overrides this."""
 
 
 # =====================================================================================
-# Data: read and check the training file, tokenise it once, cache it as integer arrays
+# Data: the training file, tokenised once into an integer array; batches
 # =====================================================================================
 
 def read_once(read: Callable) -> Callable:
-    """Decorator for a reader read(path, flag): a file is read once. A later call for the same
-    file, unchanged (same size and modification time), returns what the first call read (the
-    checks read the training files, then the script reads them to train): do not change it."""
+    """Decorator for a reader read(path, flag): the checks and then training read a file, which is
+    read once while unchanged (size and mtime); callers must not change what it returns."""
     @functools.lru_cache(maxsize=2)
     def cached(path: str, flag: str, stamp: tuple | None):
         return read(path, flag)
@@ -214,8 +180,7 @@ def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
 
 @read_once
 def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
-    """SimCSE's supervised CSV: a header `sent0,sent1[,hard_neg]`, one triplet a row; rows with
-    an empty or missing cell are skipped and counted."""
+    """SimCSE's supervised CSV: a header sent0,sent1[,hard_neg]; incomplete rows skipped, counted."""
     rows = list(csv.reader(io.StringIO(_read_text(Path(path), flag, "a CSV with columns sent0,sent1"
                                                   "[,hard_neg]", "SimCSE's NLI triplets"))))
     header = [h.strip() for h in rows[0]] if rows else []
@@ -254,8 +219,7 @@ class Tokens:
         return len(self.lengths)
 
     def batch(self, idx: np.ndarray, pad_to: int | None = None) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask for rows `idx`, padded to the longest row of the
-        batch, or to `pad_to` (static shapes for a compiled step)."""
+        """input_ids and attention_mask of rows `idx`, padded to the longest or to `pad_to`."""
         width = pad_to or int(self.lengths[idx].max())
         ids = torch.from_numpy(self.ids[idx, :width].astype(np.int64))      # (B, L)
         mask = torch.arange(width)[None, :] < torch.from_numpy(self.lengths[idx].astype(np.int64))[:, None]
@@ -264,13 +228,8 @@ class Tokens:
 
 def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
              desc: str = "tokenizing") -> Tokens:
-    """Tokenise once, before training, in large chunks into a (n, max_len) array; cached as
-    .npz keyed by the tokenizer, max_len and the texts."""
-    h, vocab = hashlib.sha256(), tokenizer.get_vocab()
-    for part in (type(tokenizer).__name__, json.dumps(sorted(vocab.items())[:2000]), len(vocab),
-                 getattr(tokenizer, "do_lower_case", ""), max_len, *texts):
-        h.update(f"{part}\n".encode())
-    cache = Path(cache_dir) / f"tok-{h.hexdigest()[:24]}.npz" if cache_dir is not None else None
+    """Tokenise once, before training, into a (n, max_len) array, cached in `cache_dir`."""
+    cache = token_cache(tokenizer, texts, max_len, cache_dir)
     if cache is not None and cache.is_file():
         z = np.load(cache)
         return Tokens(z["ids"], z["lengths"], int(z["pad_id"]))
@@ -290,12 +249,10 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
         bar.update(min(20000, len(texts) - s))
     bar.close()
     if cache is not None:
-        try:
+        with writing(f"the token cache {cache}"):
             cache.parent.mkdir(parents=True, exist_ok=True)
             np.savez(cache.with_suffix(".tmp.npz"), ids=ids, lengths=lengths, pad_id=pad_id)
             os.replace(cache.with_suffix(".tmp.npz"), cache)
-        except OSError as e:  # a read-only place only costs a re-tokenisation next time
-            print(f"note: could not cache tokens in {cache.parent}: {e}", file=sys.stderr)
     return Tokens(ids, lengths, pad_id)
 
 
@@ -308,15 +265,13 @@ def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
 
 
 def pad_batch(b: dict[str, torch.Tensor], width: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad a {"input_ids", "attention_mask"[, ...]} batch to `width` columns: input_ids
-    with `pad_id`, every other field (the mask, token types) with 0."""
+    """Right-pad a batch to `width` columns: input_ids with `pad_id`, the mask and types with 0."""
     return {k: F.pad(v, (0, width - v.shape[1]), value=pad_id if k == "input_ids" else 0)
             for k, v in b.items()}                                         # (N, width) each
 
 
 def concat_batches(batches: list[dict[str, torch.Tensor]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Stack several {"input_ids", "attention_mask"} batches along rows, padding to the widest,
-    so that they go through the encoder in ONE forward pass."""
+    """Stack batches along rows, padded to the widest: ONE forward pass through the encoder."""
     width = max(b["input_ids"].shape[1] for b in batches)
     padded = [pad_batch(b, width, pad_id) for b in batches]
     return {k: torch.cat([b[k] for b in padded]) for k in padded[0]}
@@ -324,11 +279,11 @@ def concat_batches(batches: list[dict[str, torch.Tensor]], pad_id: int = 0) -> d
 
 @functools.lru_cache(maxsize=2)
 def batch_plan(n: int, batch_size: int, seed: int, epoch: int) -> np.ndarray:
-    """(steps, batch_size) indices for one epoch, made once an epoch: a seeded shuffle, the
-    last partial batch dropped (NOTE(ours): every step has the full batch of negatives; at
-    most batch_size-1 sentences of an epoch go unused)."""
+    """(steps, batch_size) row indices of one epoch: a seeded shuffle. NOTE(ours): the last
+    partial batch is dropped, so every step has all its negatives."""
     steps = n // batch_size
-    return np.random.default_rng([seed, epoch]).permutation(n)[: steps * batch_size].reshape(steps, batch_size)
+    order = np.random.default_rng([seed, epoch]).permutation(n)                # (n,)
+    return order[: steps * batch_size].reshape(steps, batch_size)
 
 
 def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
@@ -346,38 +301,27 @@ def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
 POOLERS = ["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"]
 
 
-def max_positions(config, tokenizer=None) -> int:
-    """Tokens a sentence may have in this encoder (and its tokenizer, when given)."""
-    n = getattr(config, "max_position_embeddings", 512)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        n -= 2  # RoBERTa's positions start after the padding index
-    tm = getattr(tokenizer, "model_max_length", n)
-    return int(min(n, tm)) if tm and tm < 10**8 else int(n)
-
-
 def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
-    """(tokenizer, encoder) from a hub name or a local folder, with SDPA attention, in fp32
-    (bf16 comes from autocast on a GPU). `dropout` overrides hidden and attention dropout."""
+    """(tokenizer, encoder) of a hub name or a folder: SDPA attention, fp32 (bf16 comes from
+    autocast on a GPU); `dropout` overrides hidden and attention dropout."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # the run's own progress bar is the one that matters
     config = encoder_config(name, flag)
-    if dropout is not None:
-        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
-            if hasattr(config, k):
-                setattr(config, k, dropout)
+    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+        if dropout is not None and hasattr(config, k):
+            setattr(config, k, dropout)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
         encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
                                             dtype=torch.float32)
     except OSError as e:
-        raise _not_loaded(flag, name, e)
+        raise not_loaded(flag, name, e)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "
                         f"needs one.")
-    # BERT's NSP pooler is in no loss (SimCSE's MLP is a module of its own, written into the
-    # pooler's weights only when a `cls` model is saved): frozen, so that neither AdamW nor DDP
-    # waits for a gradient it never gets
+    # BERT's NSP pooler is in no loss (SimCSE's MLP is a module of its own, saved into it for
+    # the `cls` pooler): frozen, so that neither AdamW nor DDP waits for its gradient
     if getattr(encoder, "pooler", None) is not None:
         encoder.pooler.requires_grad_(False)
     return tokenizer, encoder
@@ -412,9 +356,8 @@ def masked_mean(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def pool(out, attention_mask: torch.Tensor, pooler: str, mlp: nn.Module | None = None) -> torch.Tensor:
-    """SimCSE's poolers on a Hugging Face encoder output -> (N, d). cls = [CLS] through the MLP;
-    cls_before_pooler = raw last-layer [CLS]; avg = masked mean of the last layer;
-    avg_first_last / avg_top2 need output_hidden_states=True."""
+    """SimCSE's poolers on an encoder output -> (N, d): cls = [CLS] through the MLP; cls_before_pooler
+    = raw [CLS]; avg = masked mean of the last layer; avg_first_last / avg_top2 need hidden states."""
     if pooler == "cls_before_pooler":
         return out.last_hidden_state[:, 0]
     if pooler == "cls":
@@ -438,12 +381,9 @@ def autocast(device: torch.device | str):
 
 
 def fp32(fn: Callable) -> Callable:
-    """Decorator for the losses (and the log's figures from embeddings): run fn in fp32 under
-    any autocast. Under bf16 autocast the cosine matrix would come out of the matmul in bf16,
-    and a .float() after it cannot restore what was rounded (about 0.04 in a logit at tau
-    0.05); the official SimCSE and Focal code compute the similarities in fp32. So autocast is
-    off inside fn, and every floating tensor argument (in a list too) below fp32 is cast up to
-    fp32 (fp64 stays fp64). Gradients go back to the inputs in their own dtype."""
+    """Decorator for the losses: fn runs in fp32 under any autocast, its floating tensor arguments
+    (in lists too) cast up to fp32. A bf16 cosine matrix loses about 0.04 in a logit at tau 0.05,
+    which no .float() after it restores; the official SimCSE and Focal code compute in fp32."""
     def up(x):
         if isinstance(x, (list, tuple)):
             return type(x)(up(v) for v in x)
@@ -463,43 +403,36 @@ def fp32(fn: Callable) -> Callable:
 
 def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | None = None,
                 batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
-    """encode(sentences) -> (n, d) float32 numpy, for evaluation: eval mode, no grad, bf16 on
-    CUDA, sorted by length, padded to the longest of each batch, truncated only to the
-    model's maximum positions (never to the training max_len)."""
+    """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, bf16 on CUDA,
+    batches of similar length, truncated only to the model's positions (not the training max_len)."""
     hidden = pooler in ("avg_first_last", "avg_top2")
 
     @torch.no_grad()
     def encode(sentences: list[str]) -> np.ndarray:
+        modules = [m for m in (encoder, mlp) if m is not None]
         was_training = encoder.training
-        for m in (encoder, mlp):
-            if m is not None:
-                m.eval()
+        for m in modules:
+            m.eval()
         device = next(encoder.parameters()).device
-        enc = tokenizer(list(sentences), truncation=True, max_length=max_positions(encoder.config, tokenizer),
-                        padding=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-        order = np.argsort([len(x) for x in enc], kind="stable")
+        ids = tokenizer(list(sentences), truncation=True, max_length=max_positions(encoder.config, tokenizer),
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
-        pad = tokenizer.pad_token_id or 0
         for s in range(0, len(order), batch_size):
-            rows = [enc[i] for i in order[s:s + batch_size]]
-            lengths = np.array([len(r) for r in rows])
-            mask = np.arange(lengths.max())[None, :] < lengths[:, None]           # (B, L)
-            ids = np.full(mask.shape, pad, dtype=np.int64)
-            ids[mask] = np.concatenate(rows)                                    # (B, L)
-            ids, mask = torch.from_numpy(ids).to(device), torch.from_numpy(mask).long().to(device)
+            rows = order[s:s + batch_size]
+            batch = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt").to(device)
             with autocast(device):
-                o = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=hidden)
-                z = pool(o, mask, pooler, mlp)                              # (B, d)
-            out[order[s:s + batch_size]] = z.float().cpu().numpy()             # one copy a batch
-        for m in (encoder, mlp):
-            if m is not None:
-                m.train(was_training)
+                o = encoder(**batch, output_hidden_states=hidden)
+                out[rows] = pool(o, batch["attention_mask"], pooler, mlp).float().cpu().numpy()  # (B, d)
+        for m in modules:
+            m.train(was_training)
         return out
 
     return encode
 
+
 # =====================================================================================
-# STS evaluation, as SimCSE's fork of SentEval computes it (SentEval's STS readers)
+# STS evaluation, as SimCSE's fork of SentEval computes it
 # =====================================================================================
 
 STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
@@ -510,10 +443,6 @@ STS_SUBSETS = {
     "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
     "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
 }
-STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
-    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
-    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
-    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
 TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
               "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
@@ -525,16 +454,13 @@ def _norm(s: str) -> str:
 
 
 def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:
-    """{subset: (sent1 list, sent2 list, gold array)} for one task, parsed as SentEval's
-    STS12-16, STSBenchmark and SICKRelatedness readers parse it."""
+    """{subset: (sent1 list, sent2 list, gold array)} of one task, as SentEval's readers parse it."""
     d = Path(data_dir)
     if task in STS_SUBSETS:
-        year = task[3:]
         out = {}
         for sub in STS_SUBSETS[task]:
-            folder = d / "STS" / f"STS{year}-en-test"
-            inp, gs = folder / f"STS.input.{sub}.txt", folder / f"STS.gs.{sub}.txt"
-            pairs = [l.split("\t") for l in inp.read_text(encoding="utf-8").splitlines()]
+            inp, gs = (d / "STS" / f"STS{task[3:]}-en-test" / f"STS.{k}.{sub}.txt" for k in ("input", "gs"))
+            pairs = [line.split("\t") for line in inp.read_text(encoding="utf-8").splitlines()]
             gold = gs.read_text(encoding="utf-8").splitlines()
             if len(pairs) != len(gold) or any(len(p) != 2 for p in pairs):
                 raise UserError(f"{inp}: expected one tab-separated pair per gold line of {gs}")
@@ -543,26 +469,23 @@ def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict
             out[sub] = ([_norm(pairs[i][0]) for i in keep], [_norm(pairs[i][1]) for i in keep],
                         np.array([float(gold[i]) for i in keep]))
         return out
-    if task == "STSBenchmark":
-        path = d / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-        rows = [l.strip().split("\t") for l in path.read_text(encoding="utf-8").splitlines()]
-        # tab-separated, no header: gold in column 4, the sentences in columns 5 and 6
-        return {split: ([_norm(r[5]) for r in rows], [_norm(r[6]) for r in rows],
-                        np.array([float(r[4]) for r in rows]))}
-    if task == "SICKRelatedness":
+    if task == "STSBenchmark":   # no header; gold in column 4, the sentences in columns 5 and 6
+        path, skip, cols = d / "STS" / "STSBenchmark" / f"sts-{split}.csv", 0, (5, 6, 4)
+    elif task == "SICKRelatedness":   # a header; the sentences in columns 1 and 2, gold in column 3
         name = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]
-        rows = [l.strip().split("\t") for l in (d / "SICK" / name).read_text(encoding="utf-8").splitlines()[1:]]
-        # a header line, then the sentences in columns 1 and 2, the gold score in column 3
-        return {split: ([_norm(r[1]) for r in rows], [_norm(r[2]) for r in rows],
-                        np.array([float(r[3]) for r in rows]))}
-    raise ValueError(f"unknown STS task {task!r}; one of {STS_TASKS}")
+        path, skip, cols = d / "SICK" / name, 1, (1, 2, 3)
+    else:
+        raise ValueError(f"unknown STS task {task!r}; one of {STS_TASKS}")
+    rows = [line.strip().split("\t") for line in path.read_text(encoding="utf-8").splitlines()[skip:]]
+    a, b, g = cols
+    return {split: ([_norm(r[a]) for r in rows], [_norm(r[b]) for r in rows],
+                    np.array([float(r[g]) for r in rows]))}
 
 
 def cosine_rows(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Row-wise cosine; a zero vector gives 0, never NaN (SentEval's NaN -> 0)."""
     u, v = u.astype(np.float64), v.astype(np.float64)
-    nu, nv = np.linalg.norm(u, axis=1), np.linalg.norm(v, axis=1)
-    den = nu * nv
+    den = np.linalg.norm(u, axis=1) * np.linalg.norm(v, axis=1)
     return np.where(den > 0, (u * v).sum(1) / np.where(den > 0, den, 1), 0.0)
 
 
@@ -573,12 +496,10 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
 
 def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
                  tasks: list[str] | None = None, split: str = "test") -> dict:
-    """Spearman x100 of cosine similarity on the STS tasks, as SimCSE's SentEval computes it.
-
-    split="test": the 7 tasks (STS12-16 report "all": one Spearman over the task's pairs
-    concatenated); split="dev": STS-B dev and SICK-R trial. res["avg"] = mean of the reported
-    figures. Every distinct sentence is encoded once."""
-    data_dir = Path(data_dir)
+    """Spearman x100 of cosine similarity, as SimCSE's SentEval computes it. split="test": the 7
+    tasks, STS12-16 reporting "all" (one Spearman over a task's pairs concatenated; per subset,
+    their mean and weighted mean beside); "dev": STS-B dev and SICK-R trial. res["avg"]: the
+    mean of the reported figures. Every distinct sentence is encoded once."""
     check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
@@ -588,49 +509,41 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
     row = {s: i for i, s in enumerate(uniq)}
     res: dict[str, Any] = {}
     for t, subs in loaded.items():
-        sims_all, gold_all, per = [], [], {}
-        for name, (a, b, gold) in subs.items():
-            sims = cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
-            per[name] = {"spearman": _spearman(sims, gold), "n": len(gold)}
-            sims_all.append(sims)
-            gold_all.append(gold)
+        sims = {name: cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
+                for name, (a, b, _) in subs.items()}
+        per = {name: {"spearman": _spearman(sims[name], gold), "n": len(gold)}
+               for name, (_, _, gold) in subs.items()}
         n = sum(p["n"] for p in per.values())
-        r = {"spearman": _spearman(np.concatenate(sims_all), np.concatenate(gold_all)), "n": n}
+        gold = np.concatenate([g for _, _, g in subs.values()])
+        res[t] = {"spearman": _spearman(np.concatenate(list(sims.values())), gold), "n": n}
         if t in STS_SUBSETS:
-            r["subsets"] = per
-            r["mean"] = float(np.mean([p["spearman"] for p in per.values()]))
-            r["wmean"] = float(sum(p["spearman"] * p["n"] for p in per.values()) / n)
-        res[t] = r
+            res[t].update(subsets=per, mean=float(np.mean([p["spearman"] for p in per.values()])),
+                          wmean=float(sum(p["spearman"] * p["n"] for p in per.values()) / n))
     res["avg"] = float(np.mean([res[t]["spearman"] for t in tasks]))
     return res
 
 
 def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
                          split: str = "test") -> dict[str, float]:
-    """Wang & Isola (2020) as SimCSE reports them, on STS-B: alignment = mean
-    ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
-    over all distinct pairs of the split's sentences; f L2-normalised. Lower is better for both.
-    NOTE(ours): the test split by default, the split of Focal-InfoNCE's Tab. 3 (its SpCorr
-    column repeats the STS-B test figures of its Tab. 2)."""
+    """Wang & Isola (2020), as SimCSE reports them, on STS-B (lower is better for both): alignment
+    = mean ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
+    over all distinct pairs of sentences; f normalised. NOTE(ours): the test split, Focal-InfoNCE
+    Tab. 3's (its SpCorr column is Tab. 2's STS-B test figure); SimCSE names no split."""
     a, b, gold = load_sts_pairs(data_dir, "STSBenchmark", split)[split]
-    pos = gold > 4
     sents = sorted(set(a) | set(b))
-    emb = torch.from_numpy(encode(sents)).double()                          # (U, d)
-    f = F.normalize(emb, dim=-1)                                            # (U, d)
+    f = F.normalize(torch.from_numpy(encode(sents)).double(), dim=-1)      # (U, d)
     row = {s: i for i, s in enumerate(sents)}
-    fa = f[[row[s] for s, p in zip(a, pos) if p]]                           # (P, d)
-    fb = f[[row[s] for s, p in zip(b, pos) if p]]                           # (P, d)
+    fa = f[[row[s] for s, g in zip(a, gold) if g > 4]]                      # (P, d)
+    fb = f[[row[s] for s, g in zip(b, gold) if g > 4]]                      # (P, d)
     align = (fa - fb).norm(dim=1).pow(2).mean()                             # ()
-    sq = torch.pdist(f).pow(2)                                              # (U(U-1)/2,)
-    unif = sq.mul(-2).exp().mean().log()                                    # ()
+    unif = torch.pdist(f).pow(2).mul(-2).exp().mean().log()                 # () over U(U-1)/2 pairs
     return {"alignment": float(align), "uniformity": float(unif)}
 
 
 def saved_encoder(model: str | Path, pooler: str, batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
     """make_encode() of an encoder as saved (a hub name or a folder), read off with `pooler`."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer, encoder = load_encoder(str(model))
-    encoder.to(device)
+    encoder.to("cuda" if torch.cuda.is_available() else "cpu")
     mlp = mlp_from_pooler(encoder, model) if pooler == "cls" else None
     return make_encode(encoder, tokenizer, pooler, mlp, batch_size)
 
@@ -642,8 +555,7 @@ def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[s
 
 
 def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str = "this run") -> str:
-    """The STS table of a result, with other rows beside it: (label, {task: figure, "avg": ...});
-    a figure a row does not give shows as '-'."""
+    """The STS table of a result, other rows (label, {task: figure}) beside it ('-': none given)."""
     tasks = [t for t in STS_TASKS if t in res]
     rows = [(name, {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]}), *others]
     width = max(len(label) for label, _ in rows) + 2
@@ -660,8 +572,8 @@ def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str =
 # The paper's rows: the published figures a run's flags reproduce, printed beside its own
 # =====================================================================================
 
-# Flags a row does not depend on: the budget and the data, so that a short run, or one on other
-# sentences, still shows its row (a row that needs a CSV names it: PaperRow.data)
+# Flags no row depends on: the budget and the data, so that a short run, or one on other
+# sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
 ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
 FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 
@@ -669,11 +581,10 @@ FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 @dataclass(frozen=True)
 class PaperRow:
     """One row of a table of a method's paper, as data: the flags that reproduce it and the
-    figures it published. train() ends by printing each row the run's flags select beside the
-    run's own figures on the same split, and keeps them in best/test_metrics.json."""
+    figures it published. A run ends by printing the rows its flags select beside its own."""
     table: str                           # "Tab. 2"
     name: str                            # the row as the paper names it: "SimCSE-BERT_base"
-    figures: dict[str, float]            # keys from FIGURE_KEYS: {"STS12": 68.4, ..., "avg": 76.25}
+    figures: dict[str, float]            # keys of FIGURE_KEYS: {"STS12": 68.4, ..., "avg": 76.25}
     split: str = "test"                  # test: STS test sets (or all of STS-B test); dev: STS-B dev
     flags: dict[str, Any] = field(default_factory=dict)   # values that make the row, where not default
     model: str = ""                      # the encoder the paper trained ("": the script's --model default)
@@ -685,80 +596,69 @@ class PaperRow:
         return f"{self.table} {self.name}"
 
     def headline(self) -> list[float]:
-        """The figures a list of rows shows for this one (the README's tables): the 7-task
-        average when the row gives one, else every figure, in order."""
+        """What a list of rows shows of this one (README's tables): the 7-task average if given."""
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
-
-
-def _model_name(name: str) -> str:
-    """A model as rows name it: the hub name's last part, lower case (FacebookAI/roberta-base
-    and roberta-base are one model)."""
-    return Path(name.rstrip("/")).name.lower()
 
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
     return a == b
 
 
 def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, PaperRow]], str]:
-    """The rows that `args` reproduces, each with the label to print, and a note ("" when all
-    is plain). A row matches when its model and data are the run's and every flag that changes
-    training (not NOT_TRAINING, ROW_FREE or the script's own `row_free`) has the row's value,
-    or the default where the row names none. A model the paper did not train (a small testbed
-    encoder, a local folder) is compared as the paper's default model, and its rows are
-    labelled with that model. No match: the note names the flags no row covers."""
+    """The rows `args` reproduces, each with its label, and a note ("" if none is needed). A row
+    matches when its model and data are the run's and every flag that changes training (all but
+    NOT_TRAINING, ROW_FREE and the script's row_free) has the row's value, or the default where
+    the row names none. A model the paper did not train (a testbed encoder, a local folder) is
+    compared as the script's default model, its rows so labelled. No match: the note says so."""
     defaults = defaults_of(args)
-    free = set(NOT_TRAINING) | set(ROW_FREE) | set(getattr(type(args), "row_free", ())) | {"model"}
-    paper_models = {_model_name(r.model or defaults.model) for r in rows}
-    model = _model_name(args.model)
-    stand_in = model not in paper_models
-    if stand_in:
-        model = _model_name(defaults.model)
+    free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
+
+    def name_of(model: str) -> str:   # FacebookAI/roberta-base and roberta-base are one model
+        return Path(model.rstrip("/")).name.lower()
+
+    stand_in = name_of(args.model) not in {name_of(r.model or defaults.model) for r in rows}
+    model = name_of(defaults.model if stand_in else args.model)
     csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
     picked = []
     for r in rows:
-        if _model_name(r.model or defaults.model) != model or r.data != csv_name:
-            continue
-        if all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
-               for f in dataclasses.fields(args) if f.name not in free):
-            suffix = f" [paper: {r.model or defaults.model}]" if stand_in else ""
-            picked.append((r.label + suffix, r))
-    note = ""
-    if stand_in and picked:
-        note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
-                f"{defaults.model}, a reference rather than a target")
-    if not picked:
-        changed = changed_flags(args, tuple(free))
-        named = [flag_text(k, v) for k, v in changed.items()]
-        if not stand_in and model != _model_name(defaults.model):
-            named.insert(0, f"--model {args.model}")
-        if csv_name:
-            named.insert(0, f"--data {csv_name}")
-        note = f"the paper reports no row for {' '.join(named) or 'these flags'}"
-    return picked, note
+        same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
+                         for f in dataclasses.fields(args) if f.name not in free)
+        if name_of(r.model or defaults.model) == model and r.data == csv_name and same_flags:
+            picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
+    if picked:
+        note = ""
+        if stand_in:
+            note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
+                    f"{defaults.model}, a reference rather than a target")
+        return picked, note
+    named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
+    if model != name_of(defaults.model):
+        named.insert(0, f"--model {args.model}")
+    if csv_name:
+        named.insert(0, f"--data {csv_name}")
+    return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"
 
 
 def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:
-    """The end of a run: the note, the 7 STS tasks beside the rows on test sets, then
-    alignment and uniformity (STS-B test) and STS-B dev, each beside the rows that give it."""
+    """The end of a run: the note; the 7 STS tasks beside the rows on test sets; alignment and
+    uniformity (STS-B test) and STS-B dev (best), each beside the rows that give them."""
     lines = [f"note: {note}"] if note else []
-    on_test = [(label, r.figures) for label, r in picked
-               if r.split == "test" and any(k in r.figures for k in (*STS_TASKS, "avg"))]
-    lines.append(format_sts_table(res, on_test))
-    au = [(label, r) for label, r in picked if r.split == "test" and "alignment" in r.figures]
+    sts_rows = [(label, r.figures) for label, r in picked if r.split == "test"
+                and set(r.figures) - {"alignment", "uniformity"}]
+    lines.append(format_sts_table(res, sts_rows))
     if "alignment" in res:
-        beside = "".join(f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
-                         for label, r in au)
+        beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
+                  for label, r in picked if r.split == "test" and "alignment" in r.figures]
         lines.append(f"alignment / uniformity on STS-B test (lower is better): this run "
-                     f"{res['alignment']:.3f} / {res['uniformity']:.3f}{beside}")
-    on_dev = [(label, r) for label, r in picked if r.split == "dev"]
-    if on_dev and dev_best is not None:
-        beside = "".join(f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in on_dev)
-        lines.append(f"STS-B dev: this run {dev_best:.2f} (the best evaluation, kept in best/){beside}")
+                     f"{res['alignment']:.3f} / {res['uniformity']:.3f}" + "".join(beside))
+    beside = [f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in picked if r.split == "dev"]
+    if beside and dev_best is not None:
+        lines.append(f"STS-B dev: this run {dev_best:.2f} (the best evaluation, kept in best/)"
+                     + "".join(beside))
     lines += [f"({label}: {r.note})" for label, r in picked if r.note]
     return "\n".join(lines)
 
@@ -813,18 +713,16 @@ class _GatherWithGrad(torch.autograd.Function):
 
 
 def gather(x: torch.Tensor) -> torch.Tensor:
-    """(n_local, ...) -> (n_local * world, ...): every rank's rows, in rank order, with the
-    gradient kept for this rank's rows. Identity in one process. Gather every tensor a loss
-    uses, so that each rank computes the same global loss."""
+    """(n_local, ...) -> (n_local * world, ...): every rank's rows in rank order, the gradient kept
+    for this rank's; identity in one process. Gather every tensor a loss uses."""
     return x if world()[1] == 1 else _GatherWithGrad.apply(x)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP over `model`. Every trainable parameter must get a gradient every step (train()
-    freezes the one weight no loss uses, BERT's NSP pooler), so DDP is not asked to search
-    the autograd graph for unused parameters; the torchrun tests run every script."""
-    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
+    """DDP over `model`. Every trainable parameter gets a gradient every step (load_encoder freezes
+    BERT's NSP pooler), so DDP need not search for unused ones; the torchrun tests run each script."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 # =====================================================================================
@@ -839,9 +737,8 @@ def seed_everything(seed: int) -> None:
 
 
 class Meter:
-    """The log's running figures, summed on the device (read once a log line: the only wait):
-    the loss and the extra terms since the last log line, the loss since should_stop's last
-    call, whether any loss was NaN or infinite."""
+    """The log's running sums, kept on the device (read once a log line: the only wait): loss and
+    terms since the last log line, loss since should_stop's last call, any NaN or inf."""
 
     def __init__(self, device: torch.device, since_check: list | None = None):
         self.zero = torch.zeros((), device=device)
@@ -851,9 +748,8 @@ class Meter:
         self.stats = {}
         self.t0 = time.perf_counter()
         # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
-        checked = since_check or [0.0, 0]
-        self.since_check = self.zero + checked[0]
-        self.steps_since_check = checked[1]
+        self.since_check = self.zero + (since_check or [0.0, 0])[0]
+        self.steps_since_check = (since_check or [0.0, 0])[1]
 
     def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
         self.bad |= ~torch.isfinite(loss)
@@ -879,9 +775,9 @@ class Meter:
 
 
 def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict[str, float]:
-    """What the log records at each evaluation: STS-B dev (which chooses best/), SICK-R trial,
-    their mean, and alignment and uniformity on STS-B test (as Focal-InfoNCE's Tab. 3; drawn
-    against each other they are SimCSE's Fig. 2: tools/compare.py --plot)."""
+    """What the log records at an evaluation: STS-B dev (which chooses best/), SICK-R trial, their
+    mean, and alignment and uniformity on STS-B test (Focal Tab. 3; against each other, SimCSE's
+    Fig. 2: tools/compare.py --plot)."""
     dev = evaluate_sts(encode, sts_dir, split="dev")
     return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
             "avg_dev": dev["avg"], **alignment_uniformity(encode, sts_dir)}
@@ -992,7 +888,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     if stopped == "nan":
         kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
         raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
-                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate lines.")
+                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
+                        f"lines.")
     result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total,
               "stopped_early": stopped == "early" and step < total,
               "last_dev": (run.last or {}).get("stsb_dev"), "test": None}
@@ -1020,8 +917,9 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
 
 # #####################################################################################
 # Infrastructure: what keeps runs safe and fast. A reader of the papers may stop here.
-#   downloads and their checks; the run folder (lock, atomic writes, checkpoint and resume);
-#   the sentence-transformers export; the compiled step; the command line.
+#   downloads and their checks; input checks; the run folder (lock, atomic writes, the run's
+#   record, checkpoint and resume, failed writes); the sentence-transformers export; the
+#   compiled step; the command line.
 # #####################################################################################
 
 # -------------------------------------------------------------------------------------
@@ -1034,6 +932,10 @@ UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/re
 WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
 WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
 RETRY = "Run `python common.py download` again."
+STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
+    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
+    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
+    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
 
 
 def fetch(url: str, dest: Path) -> None:
@@ -1051,9 +953,8 @@ def fetch(url: str, dest: Path) -> None:
 
 
 def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
-    """No checksum of SimCSE's files could be verified here, so each is proven whole by its
-    content: wiki1m by its 1,000,000 lines; the NLI file by its header, sent0,sent1,hard_neg,
-    and three cells a row."""
+    """No checksum of SimCSE's files could be verified, so each is proven whole by its content:
+    wiki1m by its 1,000,000 lines; the NLI file by its header and three cells a row."""
     if name == WIKI1M:
         lines = count_lines(path)
         expected = wiki1m_lines or WIKI1M_LINES
@@ -1095,19 +996,18 @@ def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines:
     return final
 
 
-
 def check_sts(folder: Path) -> None:
-    """The STS data are whole when every task parses to the spec's kept pair counts."""
+    """The STS data are whole when every task parses to SentEval's kept pair counts."""
     for task in STS_TASKS:
+        splits = ["test"] if task in STS_SUBSETS else ["train", "dev", "test"]
         try:
-            got = [len(g) for split in (["test"] if task in STS_SUBSETS else ["train", "dev", "test"])
-                   for _, _, g in load_sts_pairs(folder, task, split).values()]
+            got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
         except (OSError, ValueError, IndexError, UserError) as e:
             raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. Run `python common.py download` again.")
+                            f"incomplete or corrupted. {RETRY}")
         if got != STS_PAIR_COUNTS[task]:
-            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected {STS_PAIR_COUNTS[task]}: "
-                            f"the download is incomplete or corrupted.")
+            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
+                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted.")
 
 
 def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
@@ -1125,8 +1025,8 @@ def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
             with tarfile.open(tmp / SENTEVAL) as tf:
                 tf.extractall(tmp / "x", filter="data")
         except (tarfile.TarError, EOFError) as e:
-            raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is "
-                            f"corrupted. Run `python common.py download` again.")
+            raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is corrupted. "
+                            f"{RETRY}")
         # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
         roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
         if not roots or not (roots[0].parent / "SICK").is_dir():
@@ -1147,17 +1047,16 @@ def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[s
              wiki1m_lines: int | None = None) -> dict[str, Path]:
     """Fetch wiki1m, the NLI triplets and the STS data under `dest`, skipping what is there."""
     names = {"wiki1m": WIKI1M, "nli": NLI}
-    for item in what or ["wiki1m", "nli", "sts"]:
+    what = what or ["wiki1m", "nli", "sts"]
+    for item in what:
         if item not in (*names, "sts"):
             raise UserError(f"--what {item}: unknown; choose from wiki1m, nli, sts.")
     return {item: download_sts(Path(dest), base_url) if item == "sts"
-            else download_file(Path(dest), names[item], base_url, wiki1m_lines)
-            for item in what or ["wiki1m", "nli", "sts"]}
-
+            else download_file(Path(dest), names[item], base_url, wiki1m_lines) for item in what}
 
 
 # -------------------------------------------------------------------------------------
-# Input checks: a file read once, with an error that names it; the encoder's positions
+# Input checks: a file read with an error that names it; the encoder's positions
 # -------------------------------------------------------------------------------------
 
 def _read_text(path: Path, flag: str, what: str, download: str) -> str:
@@ -1174,6 +1073,17 @@ def _read_text(path: Path, flag: str, what: str, download: str) -> str:
         line = raw[: e.start].count(b"\n") + 1
         raise UserError(f"{flag} {path}: line {line} is not UTF-8 ({e.reason} at byte {e.start}). "
                         f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
+
+
+def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None) -> Path | None:
+    """The .npz that caches `texts` tokenised to max_len, keyed by the tokenizer and the texts."""
+    if cache_dir is None:
+        return None
+    h, vocab = hashlib.sha256(), tokenizer.get_vocab()
+    for part in (type(tokenizer).__name__, json.dumps(sorted(vocab.items())[:2000]), len(vocab),
+                 getattr(tokenizer, "do_lower_case", ""), max_len, *texts):
+        h.update(f"{part}\n".encode())
+    return Path(cache_dir) / f"tok-{h.hexdigest()[:24]}.npz"
 
 
 def count_lines(path: str | Path) -> int:
@@ -1198,7 +1108,7 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
 
 
-def _not_loaded(flag: str, name: str, e: Exception) -> UserError:
+def not_loaded(flag: str, name: str, e: Exception) -> UserError:
     return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
                      f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
 
@@ -1209,13 +1119,21 @@ def encoder_config(name: str, flag: str = "--model"):
     try:
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
-        raise _not_loaded(flag, name, e)
+        raise not_loaded(flag, name, e)
+
+
+def max_positions(config, tokenizer=None) -> int:
+    """Tokens a sentence may have in this encoder (and its tokenizer, when given)."""
+    n = getattr(config, "max_position_embeddings", 512)
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= 2  # RoBERTa's positions start after the padding index
+    tm = getattr(tokenizer, "model_max_length", n)
+    return int(min(n, tm)) if tm and tm < 10**8 else int(n)
 
 
 @functools.lru_cache(maxsize=4)
 def encoder_positions(name: str, flag: str = "--model") -> int:
-    """max_positions of encoder `name`, from its config alone; read once, however many checks
-    ask (common.start's, and ConIsI's, whose pairs take twice --max_len)."""
+    """max_positions of encoder `name` from its config alone, read once (start's check, ConIsI's)."""
     return max_positions(encoder_config(name, flag))
 
 
@@ -1225,16 +1143,31 @@ def is_sts_dir(folder: str | Path) -> bool:
 
 
 def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir must hold SentEval's STS/ and SICK/ folders: checked before training starts
-    (common.start) and before every evaluation."""
+    """--sts_dir holds SentEval's layout: checked by start and before every evaluation."""
     if not is_sts_dir(sts_dir):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
                         f"Run `python common.py download` and pass --sts_dir data/sts.")
 
 
 # -------------------------------------------------------------------------------------
-# The run folder: one process holds it; writes are atomic; last/ is the one commit point
+# The run folder: one process holds it; args.json and the data's fingerprint are written
+# once and --resume is held to them; writes are atomic; last/ is the one commit point
 # -------------------------------------------------------------------------------------
+
+class WriteFailed(Exception):
+    """A write that failed (disk full, quota, read-only, permission): one line, exit status 4."""
+
+
+@contextlib.contextmanager
+def writing(what: str, checkpoint: str = "nothing of the run folder was changed"):
+    """An OSError inside becomes WriteFailed: what, why, what is intact (`checkpoint`), what next."""
+    try:
+        yield
+    except OSError as e:
+        raise WriteFailed(f"could not write {what}: {e.strerror or e}. {checkpoint}; once it can be "
+                          f"written again (free space, a writable place), the same command plus "
+                          f"--resume continues.") from e
+
 
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     """A temporary folder beside `final` and a commit() that swaps it into place: a run
@@ -1262,22 +1195,35 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def recover_dir(final: Path) -> Path:
+    """What a kill during _atomic_dir leaves: between the two renames the old folder is still
+    whole (put back); a temporary folder never swapped in is dropped (it holds a full copy)."""
+    old = final.with_name(f".{final.name}.old")
+    if not final.exists() and old.exists():
+        os.replace(old, final)
+    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 # the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
 held_locks: dict[str, Any] = {}
 LOCK = "run.lock"
 
 
 def hold_run_folder(folder: str | Path) -> None:
-    """Take `folder` for this process: an OS lock (flock) on <folder>/run.lock, which the system
-    drops when the process ends, however it ends (kill -9 and a crash included), so a dead
-    run leaves nothing that blocks its --resume. A second process stops here, before it writes
-    anything else, with a UserError that names the folder and the process holding it. A no-op
-    for a folder this process holds. NOTE(ours): where there is no fcntl (Windows), no lock."""
+    """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
+    process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
+    stops here, told which process holds it. NOTE(ours): no fcntl (Windows), no lock."""
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    f = open(Path(folder) / LOCK, "a+")    # "a+": a process that loses must not erase the holder's line
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
+    except OSError as e:
+        raise UserError(f"--output_dir {folder}: cannot be written ({e.strerror or e}). Choose a folder "
+                        f"you can write to.")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -1294,40 +1240,29 @@ def hold_run_folder(folder: str | Path) -> None:
 
 
 def release_run_folders(*folders: str | Path) -> None:
-    """Let go of the given run folders (all, with none given) before the process ends: for a
-    process that trains several runs one after the other (the tests)."""
+    """Let go of the given run folders (all, with none given): a process training several runs."""
     for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
         if k in held_locks:
             held_locks.pop(k).close()           # closing the file drops its flock
 
 
-def recover_dir(final: Path) -> Path:
-    """What a kill during _atomic_dir leaves: between the two renames the old folder is still
-    whole (put back); a temporary folder never swapped in is dropped (it holds a full copy)."""
-    old = final.with_name(f".{final.name}.old")
-    if not final.exists() and old.exists():
-        os.replace(old, final)
-    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Take the run folder for this process (hold_run_folder: a second process stops here), and
-    refuse to run over an earlier run's folder unless --resume: nothing written is lost."""
+    """Hold the run folder (a second process stops here); refuse an earlier run's folder unless
+    --resume, and a folder that cannot be written."""
     out = Path(output_dir)
     new = not out.exists()
     hold_run_folder(out)
-    recover_dir(out / "best")
-    recover_dir(out / "last")
     started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
     if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
         error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
                           f"choose another --output_dir (or delete the folder) to start afresh.")
     # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
-    elif resume and not (out / "last" / "state.pt").exists() and not started:
+    elif resume and not (out / "last" / "state.pt").exists() and not (out / ".last.old").exists() \
+            and not started:
         error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
                           f"--resume to start, or point --output_dir at the earlier run.")
+    elif not os.access(out, os.W_OK):
+        error = UserError(f"--output_dir {out}: cannot be written. Choose a folder you can write to.")
     else:
         return out
     if new:                                         # the folder this call made for its lock
@@ -1336,11 +1271,38 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     raise error
 
 
+def record_run(out: Path, args: TrainArgs) -> None:
+    """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
+    are written once, when the run starts. On --resume the command is held to them first:
+    any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
+    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
+    digest = hashlib.sha256()
+    with open(args.data, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    run = {"script": f"{script_name(args)}.py", "data_sha256": digest.hexdigest()}
+    if args.resume and (out / "args.json").is_file():
+        then = json.loads((out / "args.json").read_text())
+        then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+        diffs = [f"  --{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in flags.items()
+                 if k not in NOT_TRAINING and then.get(k) != v]
+        if then_run.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:
+            diffs.append(f"  --data {args.data}: its content is not the data the run started with")
+        if diffs:
+            raise UserError(f"--resume: this command would train another run than the one in {out}, "
+                            f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
+                            "flags, start a new run: leave out --resume and --output_dir (the default "
+                            "folder is named after the flags) or give another --output_dir.")
+        return
+    with writing(f"{out / 'args.json'}"):
+        write_text_atomic(out / "args.json", json.dumps(flags, indent=2))
+        write_text_atomic(out / "run.json", json.dumps(run, indent=2))
+
+
 def start(args: TrainArgs) -> torch.device:
-    """What every script does before it loads a model: torchrun's process group; every flag,
-    then every file, checked before anything is written (the default data downloaded first, on
-    first use); the flags that depend on the data settled; the seed; the run folder, held by
-    this process, with the resolved Args."""
+    """Before a script loads a model: torchrun's process group; every flag, then every file checked
+    before anything is written (the default data downloaded on first use); the flags that depend
+    on the data settled; the seed; the run folder, held, with its record (record_run)."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     if world()[0] == 0:                             # the default data, into data/ on first use
@@ -1361,20 +1323,17 @@ def start(args: TrainArgs) -> torch.device:
     seed_everything(args.seed)
     if world()[0] == 0:
         out = prepare_output_dir(args.output_dir, args.resume)
-        write_text_atomic(out / "args.json", json.dumps(dataclasses.asdict(args), indent=2, default=str))
-        # NOTE(ours): beside args.json, not in it, so that args.json stays exactly the Args;
-        # tools/compare.py labels the run's row with it
-        write_text_atomic(out / "run.json", json.dumps({"script": f"{script_name(args)}.py"}, indent=2))
+        record_run(out, args)
+        recover_dir(out / "best")
+        recover_dir(out / "last")
     barrier()
     return device
 
 
 class RunFolder:
-    """What train() keeps in --output_dir: metrics.jsonl (one JSON record a line, only ever
-    appended to), last/ (everything --resume needs: the run's one commit point) and best/ (the
-    encoder of the best STS-B dev so far, loadable anywhere). `state`: what last/ keeps
-    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp), as
-    they are kept in best/."""
+    """What train() keeps in --output_dir: metrics.jsonl (appended to only), last/ (all --resume
+    needs: the one commit point) and best/ (the best STS-B dev's encoder). `state`: last/'s modules
+    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp) for best/."""
 
     def __init__(self, args: TrainArgs, out: Path, state: dict, saved: tuple):
         self.args = args
@@ -1385,27 +1344,27 @@ class RunFolder:
         self.main = world()[0] == 0
         self.best = -float("inf")
         self.best_step = 0
-        self.last = None
+        self.last = None           # the last evaluation's figures
+        self.kept = "no checkpoint was written yet"
 
     def write(self, record: dict) -> None:
         if self.main:
-            with open(self.log, "a") as f:
+            with writing(str(self.log), self.kept), open(self.log, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
     def save_best(self, record: dict) -> None:
-        save_pretrained_dir(self.out / "best", *self.saved,
-                            extra={"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record})
+        extra = {"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record}
+        with writing(str(self.out / "best"), self.kept):
+            save_pretrained_dir(self.out / "best", *self.saved, extra=extra)
 
     def checkpoint(self, step: int, figures: dict, loop: dict) -> None:
-        """An evaluation's figures, then, in the order a kill may interrupt: the record, last/
-        with the log's length (a resume cuts the log back to it) and the loop's state (`loop`),
-        then best/ if this is the best so far (re-saved on resume if a kill left it behind)."""
+        """In the order a kill may interrupt: the evaluation's record, last/ with the log's length
+        (a resume cuts the log back to it) and the loop's state, best/ if the best so far."""
         self.last = {"step": step, **figures}
         if self.last["stsb_dev"] > self.best:
             self.best, self.best_step = self.last["stsb_dev"], step
         record = dict(self.last, best_stsb_dev=self.best)
         self.write(record)
-        tmp, commit = _atomic_dir(self.out / "last")
         stop = self.state["should_stop"]
         state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
         state.update(loop)
@@ -1414,34 +1373,42 @@ class RunFolder:
                       "should_stop": getattr(stop, "state_dict", lambda: None)(),
                       "rng_cpu": torch.get_rng_state(),
                       "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-        torch.save(state, tmp / "state.pt")
-        commit()
+        with writing(str(self.out / "last"), self.kept):
+            tmp, commit = _atomic_dir(self.out / "last")
+            torch.save(state, tmp / "state.pt")
+            commit()
+        self.kept = f"the last complete checkpoint, step {step}, is intact in {self.out / 'last'}"
         if self.best_step == step:
             self.save_best(record)
 
     def resume(self) -> dict:
-        """--resume: bring back what checkpoint() kept; cut metrics.jsonl back to the length last/
-        recorded, in one system call (what a kill left after the checkpoint goes: records of
-        steps that will be trained again, a line cut short); re-save best/ if it fell one
-        evaluation behind. {} for a run stopped before its first checkpoint (step 0 again)."""
+        """--resume: bring back what checkpoint() kept (data only: weights_only), cut metrics.jsonl
+        back to last/'s length (records of steps trained again, a line cut short), and re-save
+        best/ if it fell one evaluation behind. {} for a run stopped before its first checkpoint."""
         last = self.out / "last" / "state.pt"
-        size = self.log.stat().st_size if self.log.exists() else 0
-        device = next(self.state["model"].parameters()).device
-        state = torch.load(last, map_location=device, weights_only=False) if last.exists() else {"log_bytes": 0}
-        if self.main and size < state["log_bytes"]:
-            print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
-                  f"replaced?); it is kept as it is", file=sys.stderr)
-        elif self.main and self.log.exists():
-            os.truncate(self.log, state["log_bytes"])
         if not last.exists():
+            if self.main and self.log.exists():
+                os.truncate(self.log, 0)
             if self.main:
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
             return {}
-        for k in ("model", "opt", "sched"):
-            self.state[k].load_state_dict(state[k])
-        if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
-            self.state["should_stop"].load_state_dict(state["should_stop"])
-        self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
+        device = next(self.state["model"].parameters()).device
+        try:
+            state = torch.load(last, map_location=device, weights_only=True)
+            for k in ("model", "opt", "sched"):
+                self.state[k].load_state_dict(state[k])
+            if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
+                self.state["should_stop"].load_state_dict(state["should_stop"])
+            self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
+            size = state["log_bytes"]
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, ValueError,
+                TypeError) as e:
+            raise UserError(self.damaged(last, e))
+        if self.main and self.log.exists() and self.log.stat().st_size >= size:
+            os.truncate(self.log, size)
+        elif self.main:
+            print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
+                  f"replaced?); it is kept as it is", file=sys.stderr)
         best_dev = self.out / "best" / "dev_metrics.json"
         saved = json.loads(best_dev.read_text()) if best_dev.is_file() else {}
         if self.main and state["best_step"] == state["step"] and saved.get("step") != state["step"]:
@@ -1449,10 +1416,23 @@ class RunFolder:
         torch.set_rng_state(state["rng_cpu"])
         if torch.cuda.is_available() and state.get("rng_cuda") is not None:
             torch.cuda.set_rng_state(state["rng_cuda"])
+        self.kept = f"the last complete checkpoint, step {state['step']}, is intact in {last.parent}"
         if self.main:
             print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
                   f"{state['best_step']})", file=sys.stderr)
         return state
+
+    def damaged(self, last: Path, e: Exception) -> str:
+        """The one line for a last/state.pt that cannot be this run's checkpoint."""
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in str(e):
+            reason = "it holds objects other than tensors and numbers, which loading would run as code"
+        best = self.out / "best" / "dev_metrics.json"
+        good = f"{best.parent} (the model of step {json.loads(best.read_text()).get('step')}) and " \
+            if best.is_file() else ""
+        return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
+                f"{good}{self.log}. This run cannot continue from it: train it again in another "
+                f"--output_dir (or move {self.out} away first).")
 
 
 # -------------------------------------------------------------------------------------
@@ -1464,10 +1444,9 @@ ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}
 
 def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
                         mlp: nn.Module | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Save an encoder (atomically) so that both AutoModel.from_pretrained(path) and
-    SentenceTransformer(path) load it with no conversion. With the `cls` pooler the MLP goes
-    into BERT's own pooler weights (pooler_output = tanh(W h_cls + b) is exactly the MLP) and
-    into a sentence-transformers Dense module with Tanh. `extra` = {filename: json-able}."""
+    """Save an encoder atomically for AutoModel and SentenceTransformer alike. The `cls` pooler's MLP
+    goes into BERT's own pooler (tanh(W h_cls + b) is the MLP) and into a Dense module with Tanh.
+    `extra` = {filename: json-able}."""
     tmp, commit = _atomic_dir(Path(path))
 
     def dump(name: str, obj) -> None:
@@ -1489,8 +1468,9 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
     else:
         modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
         off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "pooling_mode_cls_token": st_pooling == "cls",
-                                       "pooling_mode_mean_tokens": st_pooling == "mean", "include_prompt": True,
+        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
+                                       "pooling_mode_cls_token": st_pooling == "cls",
+                                       "pooling_mode_mean_tokens": st_pooling == "mean",
                                        **{f"pooling_mode_{k}": False for k in off}})
         if pooler == "cls":
             from safetensors.torch import save_file
@@ -1500,8 +1480,9 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
             weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
                        for k, v in mlp.dense.state_dict().items()}
             save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
-        dump("modules.json", [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
-                              for i, (p, t) in enumerate(modules)])
+        dump("modules.json", [{"idx": i, "name": str(i), "path": path,
+                               "type": f"sentence_transformers.models.{kind}"}
+                              for i, (path, kind) in enumerate(modules)])
         dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
                                            "do_lower_case": False})
     for name, obj in (extra or {}).items():
@@ -1515,19 +1496,16 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
 # -------------------------------------------------------------------------------------
 
 def attention_kernels():
-    """The attention kernels a training step may use: every one but cuDNN's, which PyTorch
-    picks for 32-token batches on an H100 and which the memory-efficient kernel beats there
-    (README, Speed). Nothing changes on a CPU."""
+    """Every attention kernel but cuDNN's, which PyTorch picks for 32-token batches on an H100 and
+    the memory-efficient one beats there (README, Speed); nothing changes on a CPU."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class CompiledModel:
-    """model(batch) through torch.compile: forward and backward fused, and in one process
-    replayed from CUDA graphs (mode "reduce-overhead"), a few launches instead of hundreds of
-    kernels from Python; under DDP, whose hooks run inside the backward, compiled without
-    graphs. If compiling fails (a platform where the compiler cannot run): one note, then the
-    model itself from there on."""
+    """model(batch) through torch.compile: forward and backward fused and, in one process, replayed
+    from CUDA graphs (a few launches instead of hundreds); under DDP, whose hooks run inside the
+    backward, no graphs. If compiling fails: one note, then the model itself from there on."""
 
     def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1):
         self.model = model
@@ -1558,6 +1536,31 @@ class CompiledModel:
 # python common.py eval | download
 # -------------------------------------------------------------------------------------
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The default of a field that arg() made (a list default comes from a factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
+               "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
+
+
+def check_ranges(args: Any) -> None:
+    """Every field in the range its arg() declares, else a UserError: flag, value, rule, note, default."""
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        for x in value if isinstance(value, list) else [value]:
+            for k, bound in f.metadata.get("range", {}).items():
+                word, ok = RANGE_WORDS[k]
+                if ok(x, bound):
+                    continue
+                default = field_default(f)
+                default = " ".join(map(str, default)) if isinstance(default, list) else default
+                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
+                                f"range, e.g. the default --{f.name} {default}.")
+
+
 def flag_text(name: str, value: Any) -> str:
     """A flag as a user types it: --tau 0.05, --no_mlp, --no-modulate, --phi 0.01 0.02."""
     if isinstance(value, bool):
@@ -1568,8 +1571,7 @@ def flag_text(name: str, value: Any) -> str:
 
 
 def defaults_of(args: TrainArgs) -> TrainArgs:
-    """The defaults `args`' script trains with on the same kind of --data: the dataclass's,
-    with its csv_defaults when --data is a CSV."""
+    """The defaults of `args`' script on its kind of --data (with csv_defaults for a CSV)."""
     defaults = type(args)()
     if str(args.data).lower().endswith(".csv"):
         for k, v in type(args).csv_defaults.items():
@@ -1593,23 +1595,14 @@ def script_name(args: Any) -> str:
 def default_output_dir(args: TrainArgs) -> str:
     """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
     runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part."""
-    parts = []
-    for name, value in changed_flags(args).items():
-        if isinstance(value, bool):
-            parts.append(name if value else f"no-{name}")
-        elif isinstance(value, list):
-            parts.append(name + ("-".join(f"{v:g}" for v in value) or "-none"))
-        elif isinstance(value, float):
-            parts.append(f"{name}{value:g}")
-        elif isinstance(value, str):
-            parts.append(f"{name}-{Path(value).name or value}")
-        else:
-            parts.append(f"{name}{value}")
-    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts)) or "default"
-    return str(Path("runs") / script_name(args) / name)
+    parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
+             else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
+             for name, value in changed_flags(args).items()]
+    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts))
+    return str(Path("runs") / script_name(args) / (name or "default"))
 
 
-def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(cls: type, description: str | None = None, prog: str | None = None):
     """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
     parser = argparse.ArgumentParser(description=description, prog=prog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1637,11 +1630,9 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
 
 def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | None = None,
                description: str | None = None, prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls` (a dataclass of arg()
-    fields), each value's range checked. Flags the user gave always win; the csv_defaults
-    (`cls.csv_defaults` unless given here) replace the dataclass defaults when --data is a CSV
-    (the supervised form). A training script's files and rules are checked by common.start
-    (TrainArgs.check), which also names the default --output_dir."""
+    """The one way every command reads its flags: argparse from `cls`, each range checked. When
+    --data is a CSV, csv_defaults (default: cls.csv_defaults) replace defaults the user did not give.
+    A training script's files and rules are checked by common.start (TrainArgs.check)."""
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = cls(**given)
     csv_defaults = getattr(cls, "csv_defaults", {}) if csv_defaults is None else csv_defaults
@@ -1653,18 +1644,32 @@ def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | No
     return args
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, which `timeout` and job schedulers send before a kill: handled as Ctrl-C is."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`; turn UserError into `error: ...` on stderr and exit status 2, Ctrl-C
-    and running out of GPU memory into a line that says what to do next."""
+    """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
+    of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("\ninterrupted. What was already written is kept; a training run continues from its "
-              "last checkpoint with the same command plus --resume.", file=sys.stderr)
-        sys.exit(130)
+    except WriteFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(4)
+    except KeyboardInterrupt as e:
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"\n{what}. What was already written is kept; a training run continues from its last "
+              f"checkpoint with the same command plus --resume.", file=sys.stderr)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "
               "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "
@@ -1706,7 +1711,8 @@ def cli(argv: list[str]) -> None:
         raise UserError("choose a command: eval, download (e.g. `python common.py eval --help`)")
     args = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
     t = time.perf_counter()
-    res = evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split, args.batch_size)
+    res = evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split,
+                           args.batch_size)
     print(format_sts_table(res, name=f"{Path(args.model).name} [{args.pooler}]"))
     print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
     if args.output:

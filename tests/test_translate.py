@@ -229,7 +229,7 @@ def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, pa
     every flag is checked; `python tools/translate.py` with the same --data, --mt_model and
     --cache_dir finishes the same file."""
     cache = tmp_path / "c"
-    final = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
+    final = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
     part = Path(str(final) + ".part")
     argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--model", str(tiny_bert),
                     "--sts_dir", str(small_sts), "--batch_size", "8")
