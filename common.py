@@ -638,8 +638,8 @@ def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, 
     named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
     if model != name_of(defaults.model):
         named.insert(0, f"--model {args.model}")
-    if csv_name:
-        named.insert(0, f"--data {csv_name}")
+    if csv_name not in {r.data for r in rows}:       # a text file or a CSV that no row trained on
+        named.insert(0, f"--data {Path(args.data).name}")
     return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"
 
 
