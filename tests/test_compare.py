@@ -101,6 +101,21 @@ def test_seeds_form_one_row_with_mean_and_sample_std(runs):
     assert "mean ± sample std (ddof=1)" in text
 
 
+def test_sts_dir_and_compile_are_ignored_like_the_other_not_training_flags(tmp_path):
+    """One list: seed plus common.NOT_TRAINING. A run that differs only in where its STS data
+    lives or whether its step was compiled is one more seed of the row, and no label names them."""
+    assert tool.IGNORED == ("seed", *common.NOT_TRAINING)
+    assert {"resume", "cache_dir", "log_every", "sts_dir", "compile", "output_dir"} <= set(tool.IGNORED)
+    a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "seed": 1}, [70.0] * 7)
+    b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "seed": 2, "sts_dir": "../shared/data/sts",
+                                  "compile": False}, [72.0] * 7)
+    c = make_run(tmp_path / "c", {**SIMCSE_ARGS, "tau": 0.1, "sts_dir": "elsewhere/sts"}, [71.0] * 7)
+    groups = tool.group_runs([tool.read_run(p) for p in (a, b, c)])
+    assert [len(g["runs"]) for g in groups] == [2, 1]
+    assert [g["label"] for g in groups] == ["simcse.py tau=0.05 [cls_before_pooler]",
+                                            "simcse.py tau=0.1 [cls_before_pooler]"]
+
+
 def test_labels_name_script_distinguishing_flags_and_pooler(runs):
     groups = tool.group_runs([tool.read_run(runs[k]) for k in ("s1", "s2", "tau", "focal", "nomod")])
     labels = [g["label"] for g in groups]

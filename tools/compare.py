@@ -4,12 +4,14 @@ r"""Finished runs side by side: the 7 STS tasks and their average, one row a con
     python tools/compare.py runs/tb/simcse-s* --baseline ../shared/models/all-MiniLM-L6-v2 \
         --pooler cls_before_pooler --sts_dir ../shared/data/sts
 
-Runs whose args.json agree on everything but --seed and --output_dir (and --resume,
---cache_dir, --log_every, which change no result) form one row: mean ± sample std over its n
-seeds. A row is labelled with the script that made it (run.json), the flags that tell it apart
-from the other rows, and in brackets the pooler of its final evaluation. --baseline adds the
-untrained encoder's row; --plot draws every run's STS-B dev curve (an unfinished run or RCL's
-entropy_phi*/ folders too, though they have no row).
+Runs whose args.json agree on everything but --seed and the flags that say where and how a
+run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
+--sts_dir, --cache_dir, --compile) form one row: mean ± sample std over its n seeds; a run that
+differs only in where its STS data lives, or in whether its step was compiled, is one more seed
+of the same row. A row is labelled with the script that made it (run.json), the flags that
+tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+--baseline adds the untrained encoder's row; --plot draws every run's STS-B dev curve (an
+unfinished run or RCL's entropy_phi*/ folders too, though they have no row).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/c
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 
-# NOTE(ours): fields that cannot change a run's numbers; runs that differ only in these (and
-# in seed, output_dir) are seeds of one configuration
-IGNORED = ("seed", "output_dir", "resume", "cache_dir", "log_every")
+# NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
+# common's one list of flags that say where and how a run is written, not what it trains
+IGNORED = ("seed", *common.NOT_TRAINING)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
         "evaluation; n seeds: mean ± sample std (ddof=1).")
