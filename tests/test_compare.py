@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 import common
-from conftest import ROOT
 from tools import compare as tool
 
 TASKS = common.STS_TASKS
@@ -24,8 +24,8 @@ FOCAL_ARGS = {**SIMCSE_ARGS, "tau": 0.07, "m": 0.3, "modulate": True}
 
 
 def make_run(folder: Path, args: dict | None, scores: list[float] | None, script: str | None = "simcse.py",
-             pooler: str | None = "cls_before_pooler", curve: list[tuple[int, float]] = ((2, 50.0), (4, 55.0)),
-             tasks: list[str] = TASKS) -> Path:
+             pooler: str | None = "cls_before_pooler",
+             curve: list[tuple[int, float]] = ((2, 50.0), (4, 55.0)), tasks: list[str] = TASKS) -> Path:
     """A run folder written by hand: args.json, run.json, metrics.jsonl, best/test_metrics.json.
     `scores` = one figure a task (avg = their mean); None leaves the run unfinished."""
     folder.mkdir(parents=True)

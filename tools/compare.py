@@ -88,7 +88,8 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
                         f"ends (this one is still going, was interrupted, or stopped on a NaN loss). "
                         f"Finish it with its command plus --resume, or leave it out (--plot still draws it).")
     if not finished and not log_f.is_file():
-        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. Leave it out.")
+        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. "
+                        f"Leave it out.")
     run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
            "script": _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None}
     if finished:
@@ -122,9 +123,10 @@ def group_runs(runs: list[dict]) -> list[dict]:
     groups, and the pooler of the final evaluation."""
     groups: dict[Any, dict] = {}
     for r in runs:
-        key = (("folder", str(r["path"])) if r["args"] is None else   # drawn only: a group of its own
+        trained = None if r["args"] is None else {k: v for k, v in r["args"].items() if k not in IGNORED}
+        key = (("folder", str(r["path"])) if trained is None else   # drawn only: a group of its own
                (r["test"] is not None, r["script"], r["pooler"],
-                json.dumps({k: v for k, v in r["args"].items() if k not in IGNORED}, sort_keys=True, default=str)))
+                json.dumps(trained, sort_keys=True, default=str)))
         groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
     out = list(groups.values())
     firsts = [g["runs"][0]["args"] for g in out if g["runs"][0]["args"] is not None]
@@ -137,7 +139,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
         first = g["runs"][0]
         if first["args"] is None:
             parent = first["path"].parent
-            script = _read_json(parent / "run.json").get("script") if (parent / "run.json").is_file() else None
+            run_json = parent / "run.json"
+            script = _read_json(run_json).get("script") if run_json.is_file() else None
             g["label"] = f"{script or parent.name} {first['path'].name}"
             continue
         names = [str(r["path"]) for r in g["runs"]]
@@ -159,8 +162,8 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
             tasks, first = t, r["path"]
         elif t != tasks:
             raise UserError(f"{r['path']}: its best/test_metrics.json holds {', '.join(t)}, but {first}'s "
-                            f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in separate "
-                            f"commands), or re-evaluate one with `python common.py eval --model "
+                            f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in "
+                            f"separate commands), or re-evaluate one with `python common.py eval --model "
                             f"{r['path']}/best --output ...`.")
     tasks = tasks or (result_tasks(baseline[1]) if baseline else list(STS_TASKS))
     rows = []
@@ -190,8 +193,8 @@ def format_compare(table: dict) -> str:
     lw = max([3] + [len(r["label"]) for r in table["rows"]])
     cw = max([len(c) for c in cols] + [len(c) for row in cells for c in row]) + 2
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
-    lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}" + "".join(f"{c:>{cw}s}" for c in row)
-              for r, row in zip(table["rows"], cells)]
+    lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}"
+              + "".join(f"{c:>{cw}s}" for c in row) for r, row in zip(table["rows"], cells)]
     return "\n".join(lines + [NOTE])
 
 
@@ -199,8 +202,9 @@ def format_markdown(table: dict, command: str) -> str:
     """The table as Markdown, with the command that made it."""
     cols, cells = _cells(table)
     lines = ["| " + " | ".join(["run", "n"] + cols) + " |", "|" + "---|" * (len(cols) + 2)]
-    lines += ["| " + " | ".join([r["label"].replace("|", "\\|"), "-" if r["n"] is None else str(r["n"])] + row)
-              + " |" for r, row in zip(table["rows"], cells)]
+    for r, row in zip(table["rows"], cells):
+        n = "-" if r["n"] is None else str(r["n"])
+        lines.append("| " + " | ".join([r["label"].replace("|", "\\|"), n] + row) + " |")
     return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
 
 
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("give at least one run folder, e.g. `python tools/compare.py runs/simcse "
                         "runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
     if args.pooler != "cls_before_pooler" and not args.baseline:
-        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop --pooler.")
+        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop "
+                        "--pooler.")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
     seen = set()
@@ -268,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     groups = group_runs(runs)
     table = compare_table(groups) if any(g["finished"] for g in groups) else None
     if args.markdown and table is None:
-        raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table to write.")
+        raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table "
+                        f"to write.")
     if args.plot:
         _pyplot()   # a missing matplotlib is said now, not after the table is out
         for r in runs:
@@ -276,11 +282,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"note: {r['path']}: no final result; its curve is drawn, it is not in the table",
                       file=sys.stderr)
             if not dev_curve(r["path"])[0]:
-                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve", file=sys.stderr)
+                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve",
+                      file=sys.stderr)
     if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
         tasks = table["tasks"] if table else None
-        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test", args.batch_size)
-        table = compare_table(groups, (f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]", res))
+        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test",
+                                      args.batch_size)
+        name = Path(args.baseline).name or args.baseline
+        table = compare_table(groups, (f"{name} untrained [{args.pooler}]", res))
     if table is not None:
         print(format_compare(table))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
