@@ -10,8 +10,15 @@ run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume,
 differs only in where its STS data lives, or in whether its step was compiled, is one more seed
 of the same row. A row is labelled with the script that made it (run.json), the flags that
 tell it apart from the other rows, and in brackets the pooler of its final evaluation.
---baseline adds the untrained encoder's row; --plot draws every run's STS-B dev curve (an
-unfinished run or RCL's entropy_phi*/ folders too, though they have no row).
+--baseline adds the untrained encoder's row.
+
+--plot FILE draws two panels side by side, one colour a configuration in both: each run's STS-B
+dev curve over the steps, and SimCSE's Fig. 2 (Gao et al. 2021): l_align (y) against l_uniform (x),
+lower is better for both, on STS-B test as the log records them at each evaluation; one
+trajectory a run (each seed its own, labelled with it) in training order, the first evaluation
+hollow, arrows along the way. An unfinished run or RCL's entropy_phi*/ folders are drawn too,
+though they have no row. A log from before alignment and uniformity were recorded is left out
+of the second panel (with a note); when no run has them, the dev curves are drawn alone.
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ class Args:
     sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
     batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation", ge=1)
     markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
-    plot: str = arg("", "draw each run's STS-B dev curve over the steps into this image (.png, .pdf "
-                    "or .svg; needs matplotlib)")
+    plot: str = arg("", "draw into this image (.png, .pdf or .svg; needs matplotlib) each run's STS-B "
+                    "dev curve over the steps and, beside it, its alignment against uniformity over "
+                    "training (SimCSE Fig. 2)")
 
 
 def _read_json(path: Path) -> dict:
@@ -208,17 +216,34 @@ def format_markdown(table: dict, command: str) -> str:
     return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
 
 
-def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
-    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
+    """The evaluation records of a run's metrics.jsonl that hold every one of `keys`, in training
+    order (by step; a step logged twice, as after a --resume, keeps its last record): (steps,
+    one list of values a key)."""
     by_step, path = {}, folder / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
             record = json.loads(line)
-            if "stsb_dev" in record:
-                by_step[int(record["step"])] = float(record["stsb_dev"])
+            if isinstance(record, dict) and all(k in record for k in keys):
+                by_step[int(record["step"])] = [float(record[k]) for k in keys]
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by an interruption
-    return sorted(by_step), [by_step[s] for s in sorted(by_step)]
+    steps = sorted(by_step)
+    return steps, [[by_step[s][i] for s in steps] for i in range(len(keys))]
+
+
+def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
+    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+    steps, (dev,) = _evaluations(folder, ("stsb_dev",))
+    return steps, dev
+
+
+def align_uniform_curve(folder: Path) -> tuple[list[int], list[float], list[float]]:
+    """(steps, l_align, l_uniform) from a run's metrics.jsonl, in training order: the evaluation
+    records that have "alignment" and "uniformity" (Wang & Isola 2020, on STS-B test). A log from
+    before they were recorded has none; the untrained encoder (step 0) is never in a log."""
+    steps, (align, uniform) = _evaluations(folder, ("alignment", "uniformity"))
+    return steps, align, uniform
 
 
 def _pyplot():
@@ -233,11 +258,15 @@ def _pyplot():
     return plt
 
 
-def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
+def _run_label(g: dict, r: dict) -> str:
+    """A run's own name in a legend: its group's label (the table's row) and its seed."""
+    seed = (r["args"] or {}).get("seed")
+    return g["label"] if seed is None else f"{g['label']}, seed {seed}"
+
+
+def _draw_dev_curves(ax, groups: list[dict]) -> None:
     """Each run's STS-B dev curve over the steps, one colour a group (every seed drawn: the
     spread shows), labelled as the table labels its rows."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, g in enumerate(groups):
         for j, r in enumerate(g["runs"]):
             ax.plot(*dev_curve(r["path"]), marker="o", markersize=3, color=f"C{i % 10}",
@@ -246,10 +275,66 @@ def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
     ax.set(xlabel="step", ylabel="STS-B dev (Spearman x100)", title="STS-B dev over training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+
+
+SEED_MARKERS = "os^Dvp*hX"   # one marker shape a seed within a group; the colour is the group's
+
+
+def _draw_align_uniform(ax, groups: list[dict]) -> None:
+    """SimCSE's Fig. 2 (Gao et al. 2021): l_uniform on x, l_align on y, lower is better for both,
+    so a run heads for the lower left. One trajectory a run (seeds not averaged) through its
+    evaluations in training order: a marker at each, the first one hollow, arrows along the way."""
+    # NOTE(ours): the paper plots a checkpoint every 10 steps; a log holds one every --eval_every
+    for i, g in enumerate(groups):
+        for j, r in enumerate(g["runs"]):
+            steps, align, uniform = align_uniform_curve(r["path"])
+            if not steps:
+                continue   # a log from before alignment/uniformity were recorded: main says so
+            color, marker = f"C{i % 10}", SEED_MARKERS[j % len(SEED_MARKERS)]
+            ax.plot(uniform, align, marker=marker, markersize=4, linewidth=1, color=color,
+                    label=_run_label(g, r))
+            # the start: the first evaluation (not the untrained encoder, which no log holds)
+            ax.plot(uniform[:1], align[:1], marker=marker, markersize=9, linestyle="none",
+                    markerfacecolor="white", markeredgecolor=color, label="_start")
+            # arrows: the direction of training, on about 8 segments however many there are (the
+            # last one among them)
+            segments = len(steps) - 1
+            for k in sorted({*range(0, segments, max(1, segments // 8)), segments - 1} - {-1}):
+                ax.annotate("", xy=(uniform[k + 1], align[k + 1]), xytext=(uniform[k], align[k]),
+                            arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.2,
+                                        "mutation_scale": 14, "shrinkA": 2, "shrinkB": 2})
+    ax.set(xlabel=r"$\ell_{\mathrm{uniform}}$ (STS-B test; lower is better)",
+           ylabel=r"$\ell_{\mathrm{align}}$ (STS-B pairs with gold > 4; lower is better)",
+           title="alignment against uniformity over training (SimCSE Fig. 2)\n"
+                 "hollow marker: first evaluation; arrows: direction of training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
+def figure(groups: list[dict]):
+    """The --plot figure: STS-B dev over the steps | l_align against l_uniform (SimCSE's Fig. 2),
+    side by side with one colour a group in both; the dev curves alone when no run logged
+    alignment and uniformity. Returns the matplotlib Figure."""
+    # NOTE(ours): one file, two panels rather than a second file: --plot names one image (the
+    # README shows one a command), and a reader sees where a run's dev score peaks and, beside it
+    # in the same colour, how its alignment and uniformity moved meanwhile
+    plt = _pyplot()
+    fig2 = any(align_uniform_curve(r["path"])[0] for g in groups for r in g["runs"])
+    fig, axes = plt.subplots(1, 2 if fig2 else 1, figsize=(17, 6.5) if fig2 else (9, 5.5), squeeze=False)
+    _draw_dev_curves(axes[0, 0], groups)
+    if fig2:
+        _draw_align_uniform(axes[0, 1], groups)
     fig.tight_layout()
+    return fig
+
+
+def plot_runs(groups: list[dict], path: str | Path) -> bool:
+    """Writes figure(groups) to `path`; True when it has the alignment-uniformity panel."""
+    fig = figure(groups)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
+    return len(fig.axes) == 2
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
             if not dev_curve(r["path"])[0]:
                 print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve",
                       file=sys.stderr)
+            if not align_uniform_curve(r["path"])[0]:
+                print(f"note: {r['path']}: no alignment/uniformity in metrics.jsonl (a log from before "
+                      f"they were recorded): left out of the alignment-uniformity panel", file=sys.stderr)
     if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
         tasks = table["tasks"] if table else None
         res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test",
@@ -302,8 +390,9 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.markdown).write_text(format_markdown(table, command), encoding="utf-8")
             print(f"Markdown table: {args.markdown}", file=sys.stderr)
     if args.plot:
-        plot_dev_curves(groups, args.plot)
-        print(f"STS-B dev curves: {args.plot}", file=sys.stderr)
+        both = plot_runs(groups, args.plot)
+        print(f"STS-B dev curves{' | alignment against uniformity (SimCSE Fig. 2)' if both else ''}: "
+              f"{args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":
