@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 import common
-from conftest import ROOT
 from tools import compare as tool
 
 TASKS = common.STS_TASKS
@@ -24,19 +24,24 @@ FOCAL_ARGS = {**SIMCSE_ARGS, "tau": 0.07, "m": 0.3, "modulate": True}
 
 
 def make_run(folder: Path, args: dict | None, scores: list[float] | None, script: str | None = "simcse.py",
-             pooler: str | None = "cls_before_pooler", curve: list[tuple[int, float]] = ((2, 50.0), (4, 55.0)),
-             tasks: list[str] = TASKS) -> Path:
+             pooler: str | None = "cls_before_pooler",
+             curve: list[tuple[int, float]] = ((2, 50.0), (4, 55.0)), tasks: list[str] = TASKS,
+             align_uniform: list[tuple[float, float]] | None = None) -> Path:
     """A run folder written by hand: args.json, run.json, metrics.jsonl, best/test_metrics.json.
-    `scores` = one figure a task (avg = their mean); None leaves the run unfinished."""
+    `scores` = one figure a task (avg = their mean); None leaves the run unfinished.
+    `align_uniform` = (alignment, uniformity) of each evaluation in `curve`; None writes a log
+    from before they were recorded."""
     folder.mkdir(parents=True)
     if args is not None:
         (folder / "args.json").write_text(json.dumps({**args, "output_dir": str(folder)}))
     if script is not None:
         (folder / "run.json").write_text(json.dumps({"script": script}))
     lines = []
-    for step, dev in curve:
+    for i, (step, dev) in enumerate(curve):
         lines.append(json.dumps({"step": step - 1, "loss": 1.0, "lr": 1e-5, "sent_per_s": 9.0, "epoch": 0}))
-        lines.append(json.dumps({"step": step, "stsb_dev": dev, "sickr_dev": dev - 5, "avg_dev": dev - 2}))
+        au = {} if align_uniform is None else dict(zip(("alignment", "uniformity"), align_uniform[i]))
+        lines.append(json.dumps({"step": step, "stsb_dev": dev, "sickr_dev": dev - 5, "avg_dev": dev - 2,
+                                 "best_stsb_dev": dev, **au}))
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if scores is not None:
         (folder / "best").mkdir()
@@ -99,6 +104,21 @@ def test_seeds_form_one_row_with_mean_and_sample_std(runs):
     text = tool.format_compare(table)
     assert "61.17 ± 1.26" in text and " 67.00 " in text + " "
     assert "mean ± sample std (ddof=1)" in text
+
+
+def test_sts_dir_and_compile_are_ignored_like_the_other_not_training_flags(tmp_path):
+    """One list: seed plus common.NOT_TRAINING. A run that differs only in where its STS data
+    lives or whether its step was compiled is one more seed of the row, and no label names them."""
+    assert tool.IGNORED == ("seed", *common.NOT_TRAINING)
+    assert {"resume", "cache_dir", "log_every", "sts_dir", "compile", "output_dir"} <= set(tool.IGNORED)
+    a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "seed": 1}, [70.0] * 7)
+    b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "seed": 2, "sts_dir": "../shared/data/sts",
+                                  "compile": False}, [72.0] * 7)
+    c = make_run(tmp_path / "c", {**SIMCSE_ARGS, "tau": 0.1, "sts_dir": "elsewhere/sts"}, [71.0] * 7)
+    groups = tool.group_runs([tool.read_run(p) for p in (a, b, c)])
+    assert [len(g["runs"]) for g in groups] == [2, 1]
+    assert [g["label"] for g in groups] == ["simcse.py tau=0.05 [cls_before_pooler]",
+                                            "simcse.py tau=0.1 [cls_before_pooler]"]
 
 
 def test_labels_name_script_distinguishing_flags_and_pooler(runs):
@@ -224,6 +244,90 @@ def test_dev_curve_keeps_stsb_records_and_skips_a_cut_line(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 6, "stsb_d')
     assert tool.dev_curve(run) == ([2, 4], [45.0, 50.0])
+
+
+def test_align_uniform_curve_is_in_training_order_and_skips_records_without_it(tmp_path):
+    """Evaluations sorted by step (the log may hold them out of order, or a step twice after a
+    --resume: the last record wins); an old record without the fields and a cut line are skipped."""
+    run = make_run(tmp_path / "r", SIMCSE_ARGS, [70.0] * 7, curve=[(4, 50.0), (2, 45.0), (6, 52.0)],
+                   align_uniform=[(0.21, -2.0), (0.18, -1.5), (0.24, -2.4)])
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 8, "stsb_dev": 53.0}) + "\n")            # from before the fields
+        f.write(json.dumps({"step": 6, "stsb_dev": 52.5, "alignment": 0.25, "uniformity": -2.5}) + "\n")
+        f.write('{"step": 10, "alignment": 0.3, "unif')
+    assert tool.align_uniform_curve(run) == ([2, 4, 6], [0.18, 0.21, 0.25], [-1.5, -2.0, -2.5])
+    assert tool.dev_curve(run) == ([2, 4, 6, 8], [45.0, 50.0, 52.5, 53.0])
+    old = make_run(tmp_path / "old", SIMCSE_ARGS, [70.0] * 7)
+    assert tool.align_uniform_curve(old) == ([], [], [])
+
+
+def test_plot_draws_simcse_fig2_beside_the_dev_curves(runs, tmp_path, capsys, monkeypatch):
+    """SimCSE's Fig. 2 from hand-written logs: l_uniform on x, l_align on y, one trajectory a
+    run (seeds apart, labelled with the table's row label and the seed) through its evaluations
+    in step order, the first one hollow, arrows from each evaluation to a later one; a run
+    without the fields is left out with a note; one PNG holds both panels."""
+    curve = [(4, 55.0), (2, 50.0), (6, 57.0)]                           # logged out of order
+    s1 = make_run(tmp_path / "au-s1", {**SIMCSE_ARGS, "seed": 1}, [70.0] * 7, curve=curve,
+                  align_uniform=[(0.20, -2.2), (0.15, -1.6), (0.22, -2.6)])
+    s2 = make_run(tmp_path / "au-s2", {**SIMCSE_ARGS, "seed": 2}, [71.0] * 7, curve=curve,
+                  align_uniform=[(0.19, -2.1), (0.16, -1.7), (0.21, -2.5)])
+    unfinished = make_run(tmp_path / "au-running", {**SIMCSE_ARGS, "tau": 0.2}, None, curve=[(2, 30.0)],
+                          align_uniform=[(0.3, -1.0)])
+    entropy = make_run(s1 / "entropy_phi0.01", None, None, script=None, curve=[(1, 40.0), (2, 41.0)],
+                       align_uniform=[(0.10, -0.5), (0.12, -0.9)])
+    old = runs["tau"]                                                     # a log without the fields
+    import matplotlib.figure
+    saved, savefig = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    png = tmp_path / "plots" / "fig2.png"
+    compare([s1, s2, old, unfinished, entropy, "--plot", png])
+    err = capsys.readouterr().err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert f"note: {old}: no alignment/uniformity in metrics.jsonl" in err and "left out" in err
+    for p in (s1, s2, unfinished, entropy):
+        assert f"{p}: no alignment/uniformity" not in err
+    assert f"alignment against uniformity (SimCSE Fig. 2): {png}" in err
+    (fig,) = saved
+    dev_ax, au_ax = fig.axes
+    assert "l_{\\mathrm{uniform}}" in au_ax.get_xlabel() and "l_{\\mathrm{align}}" in au_ax.get_ylabel()
+    # the dev panel is as before: one labelled line a group, every run drawn (the old one too)
+    assert len(dev_ax.get_lines()) == 5
+    assert [t.get_text() for t in dev_ax.get_legend().get_texts()][:2] == [
+        "simcse.py tau=0.05 [cls_before_pooler], n=2", "simcse.py tau=0.1 [cls_before_pooler], n=1"]
+    lines = [ln for ln in au_ax.get_lines() if not ln.get_label().startswith("_")]
+    assert [ln.get_label() for ln in lines] == [
+        "simcse.py tau=0.05 [cls_before_pooler], seed 1", "simcse.py tau=0.05 [cls_before_pooler], seed 2",
+        "simcse.py tau=0.2 [cls_before_pooler] (unfinished), seed 42", "simcse.py entropy_phi0.01"]
+    assert [t.get_text() for t in au_ax.get_legend().get_texts()] == [ln.get_label() for ln in lines]
+    # training order: steps 2, 4, 6, whatever the order of the lines in the log
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in lines] == [
+        ([-1.6, -2.2, -2.6], [0.15, 0.20, 0.22]), ([-1.7, -2.1, -2.5], [0.16, 0.19, 0.21]),
+        ([-1.0], [0.3]), ([-0.5, -0.9], [0.10, 0.12])]
+    assert lines[0].get_color() == lines[1].get_color() != lines[2].get_color()   # a colour a group
+    assert lines[0].get_marker() != lines[1].get_marker()                         # a marker a seed
+    starts = [ln for ln in au_ax.get_lines() if ln.get_label() == "_start"]
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in starts] == [
+        ([-1.6], [0.15]), ([-1.7], [0.16]), ([-1.0], [0.3]), ([-0.5], [0.10])]
+    assert all(ln.get_markerfacecolor() == "white" for ln in starts)
+    # the arrows point from one evaluation to the next: 2 for each 3-point run, 1 for the entropy model
+    arrows = [(a.xyann, a.xy) for a in au_ax.texts if getattr(a, "arrow_patch", None) is not None]
+    assert sorted(arrows) == sorted([((-1.6, 0.15), (-2.2, 0.20)), ((-2.2, 0.20), (-2.6, 0.22)),
+                                     ((-1.7, 0.16), (-2.1, 0.19)), ((-2.1, 0.19), (-2.5, 0.21)),
+                                     ((-0.5, 0.10), (-0.9, 0.12))])
+
+
+def test_plot_without_align_uniform_in_any_log_draws_the_dev_curves_alone(runs, tmp_path, capsys):
+    png = tmp_path / "dev.png"
+    compare([runs["s1"], runs["focal"], "--plot", png])
+    err = capsys.readouterr().err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for p in (runs["s1"], runs["focal"]):
+        assert f"note: {p}: no alignment/uniformity in metrics.jsonl" in err
+    assert f"STS-B dev curves: {png}" in err and "SimCSE Fig. 2" not in err
+    fig = tool.figure(tool.group_runs([tool.read_run(runs["s1"]), tool.read_run(runs["focal"])]))
+    assert len(fig.axes) == 1 and fig.axes[0].get_title() == "STS-B dev over training"
+    assert [list(ln.get_ydata()) for ln in fig.axes[0].get_lines()] == [[50.0, 55.0], [50.0, 55.0]]
 
 
 def test_plot_without_matplotlib_says_how_to_install_and_writes_nothing(runs, tmp_path, capsys, monkeypatch):

@@ -4,12 +4,21 @@ r"""Finished runs side by side: the 7 STS tasks and their average, one row a con
     python tools/compare.py runs/tb/simcse-s* --baseline ../shared/models/all-MiniLM-L6-v2 \
         --pooler cls_before_pooler --sts_dir ../shared/data/sts
 
-Runs whose args.json agree on everything but --seed and --output_dir (and --resume,
---cache_dir, --log_every, which change no result) form one row: mean ± sample std over its n
-seeds. A row is labelled with the script that made it (run.json), the flags that tell it apart
-from the other rows, and in brackets the pooler of its final evaluation. --baseline adds the
-untrained encoder's row; --plot draws every run's STS-B dev curve (an unfinished run or RCL's
-entropy_phi*/ folders too, though they have no row).
+Runs whose args.json agree on everything but --seed and the flags that say where and how a
+run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
+--sts_dir, --cache_dir, --compile) form one row: mean ± sample std over its n seeds; a run that
+differs only in where its STS data lives, or in whether its step was compiled, is one more seed
+of the same row. A row is labelled with the script that made it (run.json), the flags that
+tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+--baseline adds the untrained encoder's row.
+
+--plot FILE draws two panels side by side, one colour a configuration in both: each run's STS-B
+dev curve over the steps, and SimCSE's Fig. 2 (Gao et al. 2021): l_align (y) against l_uniform (x),
+lower is better for both, on STS-B test as the log records them at each evaluation; one
+trajectory a run (each seed its own, labelled with it) in training order, the first evaluation
+hollow, arrows along the way. An unfinished run or RCL's entropy_phi*/ folders are drawn too,
+though they have no row. A log from before alignment and uniformity were recorded is left out
+of the second panel (with a note); when no run has them, the dev curves are drawn alone.
 """
 
 from __future__ import annotations
@@ -28,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/c
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 
-# NOTE(ours): fields that cannot change a run's numbers; runs that differ only in these (and
-# in seed, output_dir) are seeds of one configuration
-IGNORED = ("seed", "output_dir", "resume", "cache_dir", "log_every")
+# NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
+# common's one list of flags that say where and how a run is written, not what it trains
+IGNORED = ("seed", *common.NOT_TRAINING)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
         "evaluation; n seeds: mean ± sample std (ddof=1).")
@@ -45,8 +54,9 @@ class Args:
     sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
     batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation", ge=1)
     markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
-    plot: str = arg("", "draw each run's STS-B dev curve over the steps into this image (.png, .pdf "
-                    "or .svg; needs matplotlib)")
+    plot: str = arg("", "draw into this image (.png, .pdf or .svg; needs matplotlib) each run's STS-B "
+                    "dev curve over the steps and, beside it, its alignment against uniformity over "
+                    "training (SimCSE Fig. 2)")
 
 
 def _read_json(path: Path) -> dict:
@@ -86,7 +96,8 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
                         f"ends (this one is still going, was interrupted, or stopped on a NaN loss). "
                         f"Finish it with its command plus --resume, or leave it out (--plot still draws it).")
     if not finished and not log_f.is_file():
-        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. Leave it out.")
+        raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. "
+                        f"Leave it out.")
     run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
            "script": _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None}
     if finished:
@@ -120,9 +131,10 @@ def group_runs(runs: list[dict]) -> list[dict]:
     groups, and the pooler of the final evaluation."""
     groups: dict[Any, dict] = {}
     for r in runs:
-        key = (("folder", str(r["path"])) if r["args"] is None else   # drawn only: a group of its own
+        trained = None if r["args"] is None else {k: v for k, v in r["args"].items() if k not in IGNORED}
+        key = (("folder", str(r["path"])) if trained is None else   # drawn only: a group of its own
                (r["test"] is not None, r["script"], r["pooler"],
-                json.dumps({k: v for k, v in r["args"].items() if k not in IGNORED}, sort_keys=True, default=str)))
+                json.dumps(trained, sort_keys=True, default=str)))
         groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
     out = list(groups.values())
     firsts = [g["runs"][0]["args"] for g in out if g["runs"][0]["args"] is not None]
@@ -135,7 +147,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
         first = g["runs"][0]
         if first["args"] is None:
             parent = first["path"].parent
-            script = _read_json(parent / "run.json").get("script") if (parent / "run.json").is_file() else None
+            run_json = parent / "run.json"
+            script = _read_json(run_json).get("script") if run_json.is_file() else None
             g["label"] = f"{script or parent.name} {first['path'].name}"
             continue
         names = [str(r["path"]) for r in g["runs"]]
@@ -157,8 +170,8 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
             tasks, first = t, r["path"]
         elif t != tasks:
             raise UserError(f"{r['path']}: its best/test_metrics.json holds {', '.join(t)}, but {first}'s "
-                            f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in separate "
-                            f"commands), or re-evaluate one with `python common.py eval --model "
+                            f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in "
+                            f"separate commands), or re-evaluate one with `python common.py eval --model "
                             f"{r['path']}/best --output ...`.")
     tasks = tasks or (result_tasks(baseline[1]) if baseline else list(STS_TASKS))
     rows = []
@@ -188,8 +201,8 @@ def format_compare(table: dict) -> str:
     lw = max([3] + [len(r["label"]) for r in table["rows"]])
     cw = max([len(c) for c in cols] + [len(c) for row in cells for c in row]) + 2
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
-    lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}" + "".join(f"{c:>{cw}s}" for c in row)
-              for r, row in zip(table["rows"], cells)]
+    lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}"
+              + "".join(f"{c:>{cw}s}" for c in row) for r, row in zip(table["rows"], cells)]
     return "\n".join(lines + [NOTE])
 
 
@@ -197,22 +210,40 @@ def format_markdown(table: dict, command: str) -> str:
     """The table as Markdown, with the command that made it."""
     cols, cells = _cells(table)
     lines = ["| " + " | ".join(["run", "n"] + cols) + " |", "|" + "---|" * (len(cols) + 2)]
-    lines += ["| " + " | ".join([r["label"].replace("|", "\\|"), "-" if r["n"] is None else str(r["n"])] + row)
-              + " |" for r, row in zip(table["rows"], cells)]
+    for r, row in zip(table["rows"], cells):
+        n = "-" if r["n"] is None else str(r["n"])
+        lines.append("| " + " | ".join([r["label"].replace("|", "\\|"), n] + row) + " |")
     return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
 
 
-def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
-    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
+    """The evaluation records of a run's metrics.jsonl that hold every one of `keys`, in training
+    order (by step; a step logged twice, as after a --resume, keeps its last record): (steps,
+    one list of values a key)."""
     by_step, path = {}, folder / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
             record = json.loads(line)
-            if "stsb_dev" in record:
-                by_step[int(record["step"])] = float(record["stsb_dev"])
+            if isinstance(record, dict) and all(k in record for k in keys):
+                by_step[int(record["step"])] = [float(record[k]) for k in keys]
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by an interruption
-    return sorted(by_step), [by_step[s] for s in sorted(by_step)]
+    steps = sorted(by_step)
+    return steps, [[by_step[s][i] for s in steps] for i in range(len(keys))]
+
+
+def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
+    """(steps, STS-B dev) from a run's metrics.jsonl: the records that have "stsb_dev"."""
+    steps, (dev,) = _evaluations(folder, ("stsb_dev",))
+    return steps, dev
+
+
+def align_uniform_curve(folder: Path) -> tuple[list[int], list[float], list[float]]:
+    """(steps, l_align, l_uniform) from a run's metrics.jsonl, in training order: the evaluation
+    records that have "alignment" and "uniformity" (Wang & Isola 2020, on STS-B test). A log from
+    before they were recorded has none; the untrained encoder (step 0) is never in a log."""
+    steps, (align, uniform) = _evaluations(folder, ("alignment", "uniformity"))
+    return steps, align, uniform
 
 
 def _pyplot():
@@ -227,11 +258,15 @@ def _pyplot():
     return plt
 
 
-def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
+def _run_label(g: dict, r: dict) -> str:
+    """A run's own name in a legend: its group's label (the table's row) and its seed."""
+    seed = (r["args"] or {}).get("seed")
+    return g["label"] if seed is None else f"{g['label']}, seed {seed}"
+
+
+def _draw_dev_curves(ax, groups: list[dict]) -> None:
     """Each run's STS-B dev curve over the steps, one colour a group (every seed drawn: the
     spread shows), labelled as the table labels its rows."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, g in enumerate(groups):
         for j, r in enumerate(g["runs"]):
             ax.plot(*dev_curve(r["path"]), marker="o", markersize=3, color=f"C{i % 10}",
@@ -240,10 +275,66 @@ def plot_dev_curves(groups: list[dict], path: str | Path) -> None:
     ax.set(xlabel="step", ylabel="STS-B dev (Spearman x100)", title="STS-B dev over training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+
+
+SEED_MARKERS = "os^Dvp*hX"   # one marker shape a seed within a group; the colour is the group's
+
+
+def _draw_align_uniform(ax, groups: list[dict]) -> None:
+    """SimCSE's Fig. 2 (Gao et al. 2021): l_uniform on x, l_align on y, lower is better for both,
+    so a run heads for the lower left. One trajectory a run (seeds not averaged) through its
+    evaluations in training order: a marker at each, the first one hollow, arrows along the way."""
+    # NOTE(ours): the paper plots a checkpoint every 10 steps; a log holds one every --eval_every
+    for i, g in enumerate(groups):
+        for j, r in enumerate(g["runs"]):
+            steps, align, uniform = align_uniform_curve(r["path"])
+            if not steps:
+                continue   # a log from before alignment/uniformity were recorded: main says so
+            color, marker = f"C{i % 10}", SEED_MARKERS[j % len(SEED_MARKERS)]
+            ax.plot(uniform, align, marker=marker, markersize=4, linewidth=1, color=color,
+                    label=_run_label(g, r))
+            # the start: the first evaluation (not the untrained encoder, which no log holds)
+            ax.plot(uniform[:1], align[:1], marker=marker, markersize=9, linestyle="none",
+                    markerfacecolor="white", markeredgecolor=color, label="_start")
+            # arrows: the direction of training, on about 8 segments however many there are (the
+            # last one among them)
+            segments = len(steps) - 1
+            for k in sorted({*range(0, segments, max(1, segments // 8)), segments - 1} - {-1}):
+                ax.annotate("", xy=(uniform[k + 1], align[k + 1]), xytext=(uniform[k], align[k]),
+                            arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.2,
+                                        "mutation_scale": 14, "shrinkA": 2, "shrinkB": 2})
+    ax.set(xlabel=r"$\ell_{\mathrm{uniform}}$ (STS-B test; lower is better)",
+           ylabel=r"$\ell_{\mathrm{align}}$ (STS-B pairs with gold > 4; lower is better)",
+           title="alignment against uniformity over training (SimCSE Fig. 2)\n"
+                 "hollow marker: first evaluation; arrows: direction of training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
+def figure(groups: list[dict]):
+    """The --plot figure: STS-B dev over the steps | l_align against l_uniform (SimCSE's Fig. 2),
+    side by side with one colour a group in both; the dev curves alone when no run logged
+    alignment and uniformity. Returns the matplotlib Figure."""
+    # NOTE(ours): one file, two panels rather than a second file: --plot names one image (the
+    # README shows one a command), and a reader sees where a run's dev score peaks and, beside it
+    # in the same colour, how its alignment and uniformity moved meanwhile
+    plt = _pyplot()
+    fig2 = any(align_uniform_curve(r["path"])[0] for g in groups for r in g["runs"])
+    fig, axes = plt.subplots(1, 2 if fig2 else 1, figsize=(17, 6.5) if fig2 else (9, 5.5), squeeze=False)
+    _draw_dev_curves(axes[0, 0], groups)
+    if fig2:
+        _draw_align_uniform(axes[0, 1], groups)
     fig.tight_layout()
+    return fig
+
+
+def plot_runs(groups: list[dict], path: str | Path) -> bool:
+    """Writes figure(groups) to `path`; True when it has the alignment-uniformity panel."""
+    fig = figure(groups)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
+    return len(fig.axes) == 2
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -253,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("give at least one run folder, e.g. `python tools/compare.py runs/simcse "
                         "runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
     if args.pooler != "cls_before_pooler" and not args.baseline:
-        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop --pooler.")
+        raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop "
+                        "--pooler.")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
     seen = set()
@@ -266,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     groups = group_runs(runs)
     table = compare_table(groups) if any(g["finished"] for g in groups) else None
     if args.markdown and table is None:
-        raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table to write.")
+        raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table "
+                        f"to write.")
     if args.plot:
         _pyplot()   # a missing matplotlib is said now, not after the table is out
         for r in runs:
@@ -274,11 +367,17 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"note: {r['path']}: no final result; its curve is drawn, it is not in the table",
                       file=sys.stderr)
             if not dev_curve(r["path"])[0]:
-                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve", file=sys.stderr)
+                print(f"note: {r['path']}: no STS-B dev evaluation in metrics.jsonl: no curve",
+                      file=sys.stderr)
+            if not align_uniform_curve(r["path"])[0]:
+                print(f"note: {r['path']}: no alignment/uniformity in metrics.jsonl (a log from before "
+                      f"they were recorded): left out of the alignment-uniformity panel", file=sys.stderr)
     if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
         tasks = table["tasks"] if table else None
-        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test", args.batch_size)
-        table = compare_table(groups, (f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]", res))
+        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test",
+                                      args.batch_size)
+        name = Path(args.baseline).name or args.baseline
+        table = compare_table(groups, (f"{name} untrained [{args.pooler}]", res))
     if table is not None:
         print(format_compare(table))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
@@ -291,8 +390,9 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.markdown).write_text(format_markdown(table, command), encoding="utf-8")
             print(f"Markdown table: {args.markdown}", file=sys.stderr)
     if args.plot:
-        plot_dev_curves(groups, args.plot)
-        print(f"STS-B dev curves: {args.plot}", file=sys.stderr)
+        both = plot_runs(groups, args.plot)
+        print(f"STS-B dev curves{' | alignment against uniformity (SimCSE Fig. 2)' if both else ''}: "
+              f"{args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":
