@@ -445,27 +445,27 @@ def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, p
 def test_default_fraternal_path_carries_the_model(tmp_path, tiny_mt, monkeypatch):
     data = tmp_path / "d" / "wiki1m_for_simcse.txt"
     data.parent.mkdir()
-    p = ifcl.default_fraternal_path(str(data), "t5-base")
+    p = translate.default_fraternal_path(str(data), "t5-base")
     assert p == data.parent / "wiki1m_for_simcse.de.t5-base.txt"
-    assert ifcl.default_fraternal_path(str(data), "Helsinki-NLP/opus-mt-en-de").name == \
+    assert translate.default_fraternal_path(str(data), "Helsinki-NLP/opus-mt-en-de").name == \
         "wiki1m_for_simcse.de.Helsinki-NLP--opus-mt-en-de.txt"
-    assert ifcl.default_fraternal_path(str(data), "t5-base", str(tmp_path / "c")) == \
+    assert translate.default_fraternal_path(str(data), "t5-base", str(tmp_path / "c")) == \
         tmp_path / "c" / "wiki1m_for_simcse.de.t5-base.txt"
     # two local folders of the same name never share a file; a relative path names the same one
     other = tmp_path / "elsewhere" / tiny_mt.name
     other.mkdir(parents=True)
-    a, b = (ifcl.default_fraternal_path(str(data), str(m)) for m in (tiny_mt, other))
+    a, b = (translate.default_fraternal_path(str(data), str(m)) for m in (tiny_mt, other))
     assert a != b and tiny_mt.name in a.name and tiny_mt.name in b.name
     monkeypatch.chdir(tiny_mt.parent)
-    assert ifcl.default_fraternal_path(str(data), tiny_mt.name) == a
+    assert translate.default_fraternal_path(str(data), tiny_mt.name) == a
     # --data's folder not writable: the temporary cache (default_cache_dir's fallback)
-    monkeypatch.setattr(ifcl.os, "access", lambda path, mode: False)
-    assert ifcl.default_fraternal_path(str(data), "t5-base") == \
+    monkeypatch.setattr(translate.os, "access", lambda path, mode: False)
+    assert translate.default_fraternal_path(str(data), "t5-base") == \
         common.default_cache_dir(str(data), "") / "wiki1m_for_simcse.de.t5-base.txt"
     # data/ before its first download: beside it all the same
     monkeypatch.undo()
     later = tmp_path / "not-yet" / "wiki1m_for_simcse.txt"
-    assert ifcl.default_fraternal_path(str(later), "t5-base").parent == later.parent
+    assert translate.default_fraternal_path(str(later), "t5-base").parent == later.parent
 
 
 def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path, parallel, tiny_bert):
@@ -482,7 +482,7 @@ def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path
 
 def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tiny_mt):
     base = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt))
-    cached = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    cached = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     cached.parent.mkdir(parents=True)
     cached.write_text((parallel / "de_short.txt").read_text(encoding="utf-8"), encoding="utf-8")
     with pytest.raises(common.UserError, match=rf"{cached.name} \(the German file made earlier.*"
@@ -508,12 +508,12 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     assert r.returncode != 0
     assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
     assert "rank 1: waiting for rank 0" in r.stderr
-    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
+    german = translate.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
     assert not german.exists()
 
 def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
                                                                           monkeypatch):
-    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    german = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     german.parent.mkdir(parents=True)
     stale = translate.failure_marker(german)
     stale.write_text("an earlier launch failed")
@@ -555,7 +555,9 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     assert all(-1 <= r[k] <= 1 for r in train_recs for k in ("cos_identical", "cos_fraternal"))
     assert all(r["twins_gap"] == pytest.approx(math.exp(r["cos_identical"]) - math.exp(r["cos_fraternal"]), abs=0.2)
                for r in train_recs)
-    assert res["test"] is not None and len([k for k in res["test"] if k != "avg"]) == 7
+    assert res["test"] is not None
+    assert {k for k in res["test"] if k not in ("avg", "alignment", "uniformity")} == set(common.STS_TASKS)
+    assert res["test"]["alignment"] >= 0 and res["test"]["uniformity"] <= 0   # on STS-B test
     state = torch.load(run / "last" / "state.pt", weights_only=False)
     assert int(state["model"]["filled"]) == 20                    # 4 steps x 8, capped at 20
     best = run / "best"
@@ -591,7 +593,7 @@ def test_first_run_translates_keeps_the_file_trains_and_later_runs_reuse_it(
              "--data", str(en), "--sts_dir", str(small_sts), "--max_steps", "2", "--eval_every", "2",
              "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(cache)]
     res = ifcl.main(flags + ["--output_dir", str(tmp_path / "run1")])
-    german = ifcl.default_fraternal_path(str(en), str(mt), str(cache))
+    german = translate.default_fraternal_path(str(en), str(mt), str(cache))
     assert common.count_lines(german) == 48 and not list(cache.glob("*.part*"))
     assert "translated 48 sentences" in capsys.readouterr().err
     args = json.loads((tmp_path / "run1" / "args.json").read_text())
