@@ -478,6 +478,7 @@ def check_fusable(args: Args, width: int, width_f: int) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
+    args.rules()              # the flags' own rules before the German file is read (start() checks again)
     if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     if not args.no_fraternal and not args.fraternal_data:  # made from --data on the first run, then reused
