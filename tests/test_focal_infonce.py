@@ -15,7 +15,6 @@ import torch.nn.functional as F
 import common
 import focal_infonce as fi
 
-
 # -------------------------------------------------------------------------------------
 # References written straight from the paper, one row at a time, in float64
 # -------------------------------------------------------------------------------------
@@ -223,18 +222,98 @@ def test_bad_input_errors(tmp_path, sts_dir):
 
 
 # -------------------------------------------------------------------------------------
+# The paper's rows: which ones a command selects
+# -------------------------------------------------------------------------------------
+
+def selected(*argv: str) -> tuple[dict[str, list[float]], str]:
+    """{label: headline figures} of the rows the command's flags select, and the note."""
+    picked, note = common.select_rows(common.parse_args(fi.Args, list(argv)), fi.PAPER_ROWS)
+    return {label: r.headline() for label, r in picked}, note
+
+
+def test_the_default_run_selects_the_main_row_and_each_ablations_default():
+    rows, note = selected()
+    assert rows == {"Tab. 2 SimCSE-BERT_base + Focal-InfoNCE": [77.33],
+                    "Tab. 3 +Focal InfoNCE": [0.134, -1.906, 79.31],
+                    "Tab. 4 BERT_base, tau = 0.07": [79.31],
+                    "Tab. 5 BERT_base, m = 0.3": [79.31, 72.72]}
+    assert note == ""
+    # Tab. 2's seven figures as published (STS14's 79.00 included: see the NOTE beside PAPER_ROWS)
+    row = next(r for r in fi.PAPER_ROWS if r.label == "Tab. 2 SimCSE-BERT_base + Focal-InfoNCE")
+    assert row.figures == dict(zip(common.STS_TASKS + ["avg"],
+                                   [68.50, 83.70, 79.00, 82.71, 79.43, 78.85, 72.99, 77.33]))
+    assert row.note == "a mean over seeds (Sec. 5.2)"
+
+
+def test_ablation_flags_select_their_rows():
+    assert selected("--m", "0.2") == ({"Tab. 5 BERT_base, m = 0.2": [79.37, 71.70]}, "")
+    assert selected("--tau", "0.03") == ({"Tab. 4 BERT_base, tau = 0.03": [74.66]}, "")
+    # SimCSE's loss at SimCSE's tau: Tab. 2's rerun (7 tasks) and Tab. 3's SimCSE
+    assert selected("--no-modulate", "--tau", "0.05") == (
+        {"Tab. 2 SimCSE-BERT_base": [75.68], "Tab. 3 SimCSE": [0.190, -2.400, 76.38]}, "")
+    # the same loss at Focal's tau is our control: no row, and the note says which flag
+    assert selected("--no-modulate") == ({}, "the paper reports no row for --no-modulate")
+    assert selected("--m", "0.15") == ({}, "the paper reports no row for --m 0.15")
+
+
+def test_other_encoders_select_their_rows_at_tab1_settings_only():
+    base = ["--model", "roberta-base", "--batch_size", "512", "--lr", "1e-5", "--tau", "0.05"]
+    assert selected(*base)[0] == {"Tab. 2 SimCSE-RoBERTa_base + Focal-InfoNCE": [77.60],
+                                  "Tab. 4 RoBERTa_base, tau = 0.05": [81.72],
+                                  "Tab. 5 RoBERTa_base, m = 0.3": [81.72, 69.52]}
+    assert selected(*base, "--no-modulate")[0] == {"Tab. 2 SimCSE-RoBERTa_base": [76.07]}
+    assert selected(*base[:-1], "0.07")[0] == {"Tab. 4 RoBERTa_base, tau = 0.07": [81.00]}
+    # the hub's organisation prefix names the same model
+    assert "Tab. 2 SimCSE-RoBERTa_base + Focal-InfoNCE" in selected("--model", "FacebookAI/roberta-base",
+                                                                     *base[2:])[0]
+    # roberta-base at BERT-base's batch size and lr: no row, and the note names what differs
+    assert selected("--model", "roberta-base") == ({}, "the paper reports no row for --model roberta-base")
+    large = ["--model", "bert-large-uncased", "--lr", "1e-5"]
+    assert selected(*large)[0] == {"Tab. 2 SimCSE-BERT_large + Focal-InfoNCE": [78.51],
+                                   "Tab. 4 BERT_large, tau = 0.07": [80.43]}
+    assert selected(*large, "--no-modulate", "--tau", "0.05")[0] == {"Tab. 2 SimCSE-BERT_large": [77.90]}
+    rl = ["--model", "roberta-large", "--batch_size", "512", "--lr", "3e-5", "--tau", "0.05"]
+    assert selected(*rl)[0] == {"Tab. 2 SimCSE-RoBERTa_large + Focal-InfoNCE": [78.80],
+                                "Tab. 4 RoBERTa_large, tau = 0.05": [82.46]}
+
+
+def test_a_model_the_paper_did_not_train_shows_bert_base_rows_as_a_reference():
+    rows, note = selected("--model", "sentence-transformers/all-MiniLM-L6-v2", "--m", "0.2")
+    assert rows == {"Tab. 5 BERT_base, m = 0.2 [paper: bert-base-uncased]": [79.37, 71.70]}
+    assert note.startswith("sentence-transformers/all-MiniLM-L6-v2 is not a model the paper trained")
+
+
+def test_every_docstring_command_parses_and_selects_a_row_unless_ours():
+    """The commands of the module docstring are the README's rows: each parses, and selects at
+    least one row of the paper, except the control marked 'ours' (the note says so)."""
+    import re
+    import shlex
+    doc = fi.__doc__.replace("\\\n", " ")
+    commands = re.findall(r"^\s*(python focal_infonce\.py[^#\n]*?)\s*(?:#(.*))?$", doc, flags=re.M)
+    assert len(commands) >= 9
+    for cmd, comment in commands:
+        rows, note = selected(*shlex.split(cmd)[2:])
+        if comment.strip().startswith("ours"):
+            assert rows == {} and note.startswith("the paper reports no row"), cmd
+        elif "--model sentence-transformers" in cmd:
+            assert note.startswith("sentence-transformers/all-MiniLM-L6-v2 is not a model"), cmd
+        else:
+            assert rows, (cmd, note)
+
+
+# -------------------------------------------------------------------------------------
 # End to end on CPU: a tiny BERT, a few steps
 # -------------------------------------------------------------------------------------
 
-def test_end_to_end_tiny(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+def test_end_to_end_tiny(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, capsys):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
     run = tmp_path / "run"
-    res = fi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+    res = fi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
                    "--output_dir", str(run), "--max_steps", "4", "--eval_every", "2",
-                   "--batch_size", "8", "--cache_dir", str(cache_dir)])
-    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+                   "--cache_dir", str(cache_dir)])
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in recs if "stsb_dev" in r]
     assert [r["step"] for r in evals] == [2, 4]
     for r in evals:  # paper Tab. 3: alignment and uniformity at every evaluation
@@ -244,6 +323,27 @@ def test_end_to_end_tiny(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
     assert res["test"] is not None and math.isfinite(res["test"]["avg"])
     args = json.loads((run / "args.json").read_text())
     assert (args["tau"], args["m"], args["modulate"]) == (0.07, 0.3, True)
+
+    # the end of the run: the rows its flags select (the default's: batch 64, tau 0.07, m 0.3),
+    # labelled as BERT-base's (the tiny encoder is not a model of the paper), printed and stored
+    out = capsys.readouterr().out
+    labels = [f"{name} [paper: bert-base-uncased]" for name in (
+        "Tab. 2 SimCSE-BERT_base + Focal-InfoNCE", "Tab. 3 +Focal InfoNCE", "Tab. 4 BERT_base, tau = 0.07",
+        "Tab. 5 BERT_base, m = 0.3")]
+    assert f"note: {tiny_bert} is not a model the paper trained" in out
+    table = [line for line in out.splitlines() if line.startswith(("this run", "Tab. "))]
+    assert [line.split("  ")[0] for line in table] == ["this run", *labels]
+    assert table[1].split()[-8:] == ["68.50", "83.70", "79.00", "82.71", "79.43", "78.85", "72.99", "77.33"]
+    assert table[4].split()[-8:] == ["-", "-", "-", "-", "-", "79.31", "72.72", "-"]
+    test = res["test"]
+    au = f"this run {test['alignment']:.3f} / {test['uniformity']:.3f}; {labels[1]}: 0.134 / -1.906"
+    assert f"alignment / uniformity on STS-B test (lower is better): {au}" in out
+    assert f"({labels[0]}: a mean over seeds (Sec. 5.2))" in out
+    stored = json.loads((run / "best" / "test_metrics.json").read_text())
+    assert [r["label"] for r in stored["paper_rows"]] == labels
+    assert stored["paper_rows"][1]["figures"] == {"alignment": 0.134, "uniformity": -1.906,
+                                                  "STSBenchmark": 79.31}
+    assert stored["paper_note"].startswith(f"{tiny_bert} is not a model the paper trained")
 
     best = run / "best"
     enc = AutoModel.from_pretrained(best, dtype=torch.float32)

@@ -16,11 +16,11 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
 
 import common
 import ifcl
 import simcse
-from conftest import ROOT
 from tools import translate
 
 TAU = 0.05
@@ -64,7 +64,8 @@ def identical_loop(h, h_pos, queue, p, tau):
 @pytest.mark.parametrize("N,M", [(5, 7), (4, 0), (1, 3), (1, 0)])
 def test_identical_loss_matches_loop(N, M):
     g = torch.Generator().manual_seed(N * 10 + M)
-    h, h_pos = torch.randn(N, 6, generator=g, dtype=torch.float64), torch.randn(N, 6, generator=g, dtype=torch.float64)
+    h = torch.randn(N, 6, generator=g, dtype=torch.float64)
+    h_pos = torch.randn(N, 6, generator=g, dtype=torch.float64)
     queue = torch.randn(M, 6, generator=g, dtype=torch.float64)
     p = torch.rand(M, generator=g, dtype=torch.float64) * 0.9 + 0.1   # uneven: order matters
     got = ifcl.identical_loss(h, h_pos, queue, p, TAU)
@@ -104,7 +105,8 @@ def test_no_gradient_reaches_the_queue():
 def test_fraternal_loss_matches_loop():
     g = torch.Generator().manual_seed(3)
     for N in (1, 6):
-        h, hf = torch.randn(N, 5, generator=g, dtype=torch.float64), torch.randn(N, 5, generator=g, dtype=torch.float64)
+        h = torch.randn(N, 5, generator=g, dtype=torch.float64)
+        hf = torch.randn(N, 5, generator=g, dtype=torch.float64)
         want = sum(-math.log(math.exp(cos(h[i], hf[i]) / TAU)
                              / sum(math.exp(cos(h[i], hf[j]) / TAU) for j in range(N)))
                    for i in range(N)) / N
@@ -288,7 +290,8 @@ def test_full_model_loss_is_the_sum_of_the_three_terms():
     loss, terms = model(batch)
     assert set(terms) == {"l_identical", "l_fraternal", "l_twins", "margin", "cos_identical", "cos_fraternal",
                           "twins_gap", "queue_fill"}
-    assert float(loss.detach()) == pytest.approx(float(terms["l_identical"] + terms["l_fraternal"] + terms["l_twins"]))
+    total = terms["l_identical"] + terms["l_fraternal"] + terms["l_twins"]
+    assert float(loss.detach()) == pytest.approx(float(total))
     loss.backward()
     assert enc.encoder.layer[0].output.dense.weight.grad is not None
     assert enc.embeddings.word_embeddings.weight.grad is None      # BEL_S frozen (Eq. 1)
@@ -330,7 +333,8 @@ def per_row_reference(stock, bel_f, mlp, x, xf, eps, fuse):
     replaced by the fused one (--fuse layer; a hook here, in the reference only), or the fused
     word embeddings go in as inputs_embeds (--fuse word)."""
     L = max(x["input_ids"].shape[1], xf["input_ids"].shape[1])
-    ids, ids_f = F.pad(x["input_ids"], (0, L - x["input_ids"].shape[1])), F.pad(xf["input_ids"], (0, L - xf["input_ids"].shape[1]))
+    ids = F.pad(x["input_ids"], (0, L - x["input_ids"].shape[1]))
+    ids_f = F.pad(xf["input_ids"], (0, L - xf["input_ids"].shape[1]))
     mask = F.pad(x["attention_mask"], (0, L - x["attention_mask"].shape[1]))
     mask_f = F.pad(xf["attention_mask"], (0, L - xf["attention_mask"].shape[1]))
     rows = []
@@ -373,6 +377,24 @@ def test_three_views_and_loss_match_a_per_row_reference(fuse):
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
 
 
+def test_a_roberta_embedding_layer_serves_as_bel_f():
+    """BEL_F of another architecture (RoBERTa's, as XLM-R large's for BERT-large): the German
+    side is padded with its own pad id (1), and its positions are counted as RoBERTa counts them."""
+    enc, enc_f = tiny_encoder(dropout=0.0, seed=1), tiny_roberta(vocab=60, seed=2)
+    stock_emb = copy.deepcopy(enc.embeddings)
+    model = ifcl.IFCL(enc, enc_f.embeddings, make_args(eps=0.9, queue_len=8), 0, 1).train()
+    x, xf = ids_batch([3, 5, 2], seed=1), ids_batch([4, 2, 3], vocab=60, seed=2)     # L = 5 and 4
+    xf["input_ids"] = xf["input_ids"] * xf["attention_mask"] + (1 - xf["attention_mask"])
+    _, emb, _, _ = model.three_views({"text": x, "frat": xf})
+    y = stock_emb(input_ids=x["input_ids"])                                   # (N, 5, d)
+    padded = F.pad(xf["input_ids"], (0, 1), value=1)                          # (N, 5)
+    assert torch.allclose(emb[6:], 0.9 * y + 0.1 * enc_f.embeddings(input_ids=padded), atol=1e-5)
+    bert_padded = F.pad(xf["input_ids"], (0, 1), value=0)                     # BERT's pad id: wrong here
+    assert not torch.allclose(emb[6:], 0.9 * y + 0.1 * enc_f.embeddings(input_ids=bert_padded), atol=1e-4)
+    loss, terms = model({"text": x, "frat": xf})
+    assert torch.isfinite(loss) and "l_twins" in terms
+
+
 def test_dropout_comes_after_the_fusion():
     """Algorithm 1, line 6: emb^- = Dropout(Fusion(...)): the fused rows are the fused values,
     some zeroed and the rest scaled by 1/(1 - rho); each view has its own dropout mask."""
@@ -400,7 +422,8 @@ def test_no_mlp_trains_on_raw_cls_and_queues_it():
     enc = tiny_encoder()
     stock = copy.deepcopy(enc)
     default = ifcl.IFCL(copy.deepcopy(enc), None, make_args(no_fraternal=True, no_twins=True), 0, 0)
-    assert {k for k, _ in default.named_parameters() if k.startswith("mlp.")} == {"mlp.dense.weight", "mlp.dense.bias"}
+    mlp = {k for k, _ in default.named_parameters() if k.startswith("mlp.")}
+    assert mlp == {"mlp.dense.weight", "mlp.dense.bias"}
     assert common.parse_args(ifcl.Args, ["--no_mlp"]).no_mlp and not ifcl.Args().no_mlp
     args = make_args(no_fraternal=True, no_twins=True, queue_len=6, tau=TAU, no_mlp=True)
     model = ifcl.IFCL(enc, None, args, 0, 0).train()
@@ -410,7 +433,8 @@ def test_no_mlp_trains_on_raw_cls_and_queues_it():
     loss, _ = model({"text": x})
     torch.manual_seed(7)
     z = stock.train()(**common.concat_batches([x, x])).last_hidden_state[:, 0]   # raw [CLS], (2N, d)
-    assert float(loss.detach()) == pytest.approx(float(simcse.simcse_loss(z[:4], z[4:], TAU).detach()), rel=1e-6)
+    want = simcse.simcse_loss(z[:4], z[4:], TAU).detach()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-6)
     assert torch.allclose(model.queue[:4], z[:4].detach(), atol=1e-6)
     # the full model too: h, h^+, h^- are the raw [CLS] of the per-row reference
     enc, enc_f = tiny_encoder(dropout=0.0, seed=5), tiny_encoder(vocab=60, dropout=0.0, seed=6)
@@ -418,8 +442,113 @@ def test_no_mlp_trains_on_raw_cls_and_queues_it():
     full = ifcl.IFCL(enc, enc_f.embeddings, make_args(no_mlp=True), 0, 0).train()
     batch = {"text": ids_batch([3, 5, 2, 4], seed=3), "frat": ids_batch([4, 2, 6, 3], vocab=60, seed=4)}
     with torch.no_grad():
-        ref = per_row_reference(stock, enc_f.embeddings, lambda v: v, batch["text"], batch["frat"], 0.9, "layer")
+        ref = per_row_reference(stock, enc_f.embeddings, lambda v: v, batch["text"], batch["frat"], 0.9,
+                                "layer")
         assert torch.allclose(full.three_views(batch)[0], torch.cat(ref[:3]), atol=1e-5)
+
+
+# -------------------------------------------------------------------------------------
+# The paper's rows: which ones a command selects; the fraternal model's width
+# -------------------------------------------------------------------------------------
+
+def selected(*argv: str) -> tuple[dict[str, list[float]], str]:
+    """{label: headline figures} of the rows the command's flags select, and the note."""
+    picked, note = common.select_rows(common.parse_args(ifcl.Args, list(argv)), ifcl.PAPER_ROWS)
+    return {label: r.headline() for label, r in picked}, note
+
+
+def test_the_default_run_selects_tab1_and_the_default_of_tab2_and_tab5():
+    assert selected() == ({"Tab. 1 IFCL-BERT_base": [77.80], "Tab. 2 IFCL_base": [80.27],
+                           "Tab. 5 M=416": [80.27]}, "")
+    row = next(r for r in ifcl.PAPER_ROWS if r.label == "Tab. 1 IFCL-BERT_base")
+    assert row.figures == dict(zip(common.STS_TASKS + ["avg"],
+                                   [71.57, 82.35, 75.08, 83.03, 80.17, 80.27, 72.16, 77.80]))
+    # Tab. 2, Tab. 5 and Fig. 4b are on STS-B test (their full IFCL is Tab. 1's STS-B test figure)
+    assert all(r.split == "test" and (r.table == "Tab. 1" or list(r.figures) == ["STSBenchmark"])
+               for r in ifcl.PAPER_ROWS)
+    # the German side's file, MT model and embedding layer choose no row
+    assert selected("--fraternal_data", "my.de.txt", "--mt_model", "Helsinki-NLP/opus-mt-en-de",
+                    "--fraternal_model", "xlm-roberta-base")[0] == selected()[0]
+
+
+@pytest.mark.parametrize("argv,rows", [
+    (["--no_queue"], {"Tab. 2 w/o HQ": [78.81]}),
+    (["--no_twins", "--no_queue"], {"Tab. 2 w/o TL, HQ": [77.26]}),
+    (["--no_fraternal"], {"Tab. 2 w/o FI, TL": [78.10]}),
+    (["--no_fraternal", "--no_twins"], {"Tab. 2 w/o FI, TL": [78.10]}),
+    (["--no_fraternal", "--no_queue"], {"Tab. 2 w/o FI, TL, HQ (SimCSE)": [76.83]}),
+    (["--no_twins"], {"Fig. 4b IFCL w/o TL": [78.65]}),
+    (["--queue_len", "320"], {"Tab. 5 M=320": [78.76]}),
+    (["--queue_len", "512"], {"Tab. 5 M=512": [78.13]}),
+])
+def test_ablation_flags_select_their_rows(argv, rows):
+    assert selected(*argv) == (rows, "")
+
+
+def test_flags_no_row_covers_say_so():
+    assert selected("--queue_len", "400") == ({}, "the paper reports no row for --queue_len 400")
+    assert selected("--no_queue", "--queue_len", "320") == (
+        {}, "the paper reports no row for --queue_len 320 --no_queue")
+    # --no_fraternal parses as the run trains: without the Twins loss, so no "w/o FI" row keeps it
+    assert common.parse_args(ifcl.Args, ["--no_fraternal"]).no_twins
+
+
+def test_bert_large_selects_its_tab1_row():
+    rows, note = selected("--model", "bert-large-uncased",
+                          "--fraternal_model", "FacebookAI/xlm-roberta-large")
+    assert (rows, note) == ({"Tab. 1 IFCL-BERT_large": [79.44]}, "")
+    row = next(r for r in ifcl.PAPER_ROWS if r.label == "Tab. 1 IFCL-BERT_large")
+    assert row.flags == {} and row.model == "bert-large-uncased" and "Tab. 6" in row.note
+    assert list(row.figures.values()) == [73.88, 84.31, 76.64, 84.01, 79.56, 81.37, 76.30, 79.44]
+    # the paper has no BERT-large ablation
+    assert selected("--model", "bert-large-uncased", "--no_queue") == (
+        {}, "the paper reports no row for --model bert-large-uncased --no_queue")
+
+
+def test_a_model_the_paper_did_not_train_shows_bert_base_rows_as_a_reference():
+    rows, note = selected("--model", "sentence-transformers/all-MiniLM-L6-v2", "--no_fraternal")
+    assert rows == {"Tab. 2 w/o FI, TL [paper: bert-base-uncased]": [78.10]}
+    assert note.startswith("sentence-transformers/all-MiniLM-L6-v2 is not a model the paper trained")
+
+
+def test_every_docstring_command_parses_and_selects_a_row():
+    """The training commands of the module docstring each parse and select a row of the paper
+    (the MiniLM one as a reference to BERT-base's)."""
+    import re
+    import shlex
+    doc = ifcl.__doc__.replace("\\\n", " ")
+    commands = re.findall(r"^\s*(python ifcl\.py[^#\n]*?)\s*(?:#.*)?$", doc, flags=re.M)
+    assert len(commands) >= 9
+    for cmd in commands:
+        rows, note = selected(*shlex.split(cmd)[2:])
+        assert rows, (cmd, note)
+
+
+def test_the_fraternal_embedding_layer_must_be_as_wide_as_the_encoders():
+    large = common.parse_args(ifcl.Args, ["--model", "bert-large-uncased"])
+    with pytest.raises(common.UserError, match=r"--fraternal_model bert-base-multilingual-uncased: its "
+                                               r"embedding layer gives 768-wide vectors, --model "
+                                               r"bert-large-uncased's gives 1024.*Eq. \(3\).*"
+                                               r"--fraternal_model FacebookAI/xlm-roberta-large"):
+        ifcl.check_fusable(large, 1024, 768)
+    # an ALBERT embeds in 128 whatever its hidden size (Sec. 4.1's German one: 1024)
+    with pytest.raises(common.UserError, match=r"128-wide.*1024"):
+        ifcl.check_fusable(large, 1024, 128)
+    ifcl.check_fusable(large, 1024, 1024)
+    ifcl.check_fusable(common.parse_args(ifcl.Args, []), 768, 768)
+
+
+def test_a_fraternal_model_of_another_width_stops_before_training(tmp_path, tiny_bert, parallel, small_sts):
+    from conftest import build_tiny_bert
+    wide = build_tiny_bert(tmp_path / "wide", [parallel / "de.txt", parallel / "en.txt"], vocab_size=300,
+                           hidden=48)
+    run = tmp_path / "run"
+    with pytest.raises(common.UserError, match=r"its embedding layer gives 48-wide vectors.*gives 32"):
+        ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(wide),
+                   "--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
+                   "--sts_dir", str(small_sts), "--output_dir", str(run), "--batch_size", "8",
+                   "--cache_dir", str(tmp_path / "c")])
+    assert not (run / "metrics.jsonl").exists() and not (run / "best").exists()
 
 
 # -------------------------------------------------------------------------------------
@@ -445,27 +574,27 @@ def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, p
 def test_default_fraternal_path_carries_the_model(tmp_path, tiny_mt, monkeypatch):
     data = tmp_path / "d" / "wiki1m_for_simcse.txt"
     data.parent.mkdir()
-    p = ifcl.default_fraternal_path(str(data), "t5-base")
+    p = translate.default_fraternal_path(str(data), "t5-base")
     assert p == data.parent / "wiki1m_for_simcse.de.t5-base.txt"
-    assert ifcl.default_fraternal_path(str(data), "Helsinki-NLP/opus-mt-en-de").name == \
+    assert translate.default_fraternal_path(str(data), "Helsinki-NLP/opus-mt-en-de").name == \
         "wiki1m_for_simcse.de.Helsinki-NLP--opus-mt-en-de.txt"
-    assert ifcl.default_fraternal_path(str(data), "t5-base", str(tmp_path / "c")) == \
+    assert translate.default_fraternal_path(str(data), "t5-base", str(tmp_path / "c")) == \
         tmp_path / "c" / "wiki1m_for_simcse.de.t5-base.txt"
     # two local folders of the same name never share a file; a relative path names the same one
     other = tmp_path / "elsewhere" / tiny_mt.name
     other.mkdir(parents=True)
-    a, b = (ifcl.default_fraternal_path(str(data), str(m)) for m in (tiny_mt, other))
+    a, b = (translate.default_fraternal_path(str(data), str(m)) for m in (tiny_mt, other))
     assert a != b and tiny_mt.name in a.name and tiny_mt.name in b.name
     monkeypatch.chdir(tiny_mt.parent)
-    assert ifcl.default_fraternal_path(str(data), tiny_mt.name) == a
+    assert translate.default_fraternal_path(str(data), tiny_mt.name) == a
     # --data's folder not writable: the temporary cache (default_cache_dir's fallback)
-    monkeypatch.setattr(ifcl.os, "access", lambda path, mode: False)
-    assert ifcl.default_fraternal_path(str(data), "t5-base") == \
+    monkeypatch.setattr(translate.os, "access", lambda path, mode: False)
+    assert translate.default_fraternal_path(str(data), "t5-base") == \
         common.default_cache_dir(str(data), "") / "wiki1m_for_simcse.de.t5-base.txt"
     # data/ before its first download: beside it all the same
     monkeypatch.undo()
     later = tmp_path / "not-yet" / "wiki1m_for_simcse.txt"
-    assert ifcl.default_fraternal_path(str(later), "t5-base").parent == later.parent
+    assert translate.default_fraternal_path(str(later), "t5-base").parent == later.parent
 
 
 def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path, parallel, tiny_bert):
@@ -482,7 +611,7 @@ def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path
 
 def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tiny_mt):
     base = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt))
-    cached = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    cached = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     cached.parent.mkdir(parents=True)
     cached.write_text((parallel / "de_short.txt").read_text(encoding="utf-8"), encoding="utf-8")
     with pytest.raises(common.UserError, match=rf"{cached.name} \(the German file made earlier.*"
@@ -508,12 +637,12 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     assert r.returncode != 0
     assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
     assert "rank 1: waiting for rank 0" in r.stderr
-    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
+    german = translate.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
     assert not german.exists()
 
 def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
                                                                           monkeypatch):
-    german = ifcl.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
+    german = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     german.parent.mkdir(parents=True)
     stale = translate.failure_marker(german)
     stale.write_text("an earlier launch failed")
@@ -545,17 +674,21 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
                      "--sts_dir", str(small_sts), "--output_dir", str(run), "--max_steps", "4",
                      "--eval_every", "2", "--batch_size", "8", "--queue_len", "20", "--log_every", "1",
                      "--cache_dir", str(tmp_path / "cache")])
-    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs)
     train_recs = [r for r in recs if "loss" in r]
-    assert train_recs and all(k in train_recs[-1] for k in ("l_identical", "l_fraternal", "l_twins", "margin"))
+    assert train_recs and all(k in train_recs[-1]
+                              for k in ("l_identical", "l_fraternal", "l_twins", "margin"))
     # what the mechanism acts on, every step (--log_every 1): the share of the queue of 20 that
     # the step's Eq. (6) used, filled by 8 a step
     assert [r["queue_fill"] for r in train_recs] == pytest.approx([0.0, 0.4, 0.8, 1.0])
     assert all(-1 <= r[k] <= 1 for r in train_recs for k in ("cos_identical", "cos_fraternal"))
-    assert all(r["twins_gap"] == pytest.approx(math.exp(r["cos_identical"]) - math.exp(r["cos_fraternal"]), abs=0.2)
+    assert all(r["twins_gap"] == pytest.approx(math.exp(r["cos_identical"]) - math.exp(r["cos_fraternal"]),
+                                               abs=0.2)
                for r in train_recs)
-    assert res["test"] is not None and len([k for k in res["test"] if k != "avg"]) == 7
+    assert res["test"] is not None
+    assert {k for k in res["test"] if k not in ("avg", "alignment", "uniformity")} == set(common.STS_TASKS)
+    assert res["test"]["alignment"] >= 0 and res["test"]["uniformity"] <= 0   # on STS-B test
     state = torch.load(run / "last" / "state.pt", weights_only=False)
     assert int(state["model"]["filled"]) == 20                    # 4 steps x 8, capped at 20
     best = run / "best"
@@ -568,13 +701,42 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     assert abs(ours - st).max() < 1e-5
 
 
+def test_end_to_end_prints_and_stores_the_rows_its_flags_select(tmp_path, tiny_bert, tiny_mbert, small_sts,
+                                                                  capsys):
+    """The default flags (batch 64, queue 416) on 128 parallel sentences: the end of the run
+    prints Tab. 1's row on the 7 tasks and Tab. 2's and Tab. 5's on STS-B test beside the run's,
+    labelled as BERT-base's (the tiny encoder is not a model of the paper), and stores them."""
+    from conftest import need_shared
+    m30k = need_shared("data", "multi30k")
+    for side in ("en", "de"):
+        lines = (m30k / f"train.{side}").read_text(encoding="utf-8").splitlines()[:128]
+        (tmp_path / f"train.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert),
+               "--data", str(tmp_path / "train.en"), "--fraternal_data", str(tmp_path / "train.de"),
+               "--sts_dir", str(small_sts), "--output_dir", str(run), "--max_steps", "2", "--eval_every", "2",
+               "--cache_dir", str(tmp_path / "cache")])
+    out = capsys.readouterr().out
+    labels = [f"{name} [paper: bert-base-uncased]"
+              for name in ("Tab. 1 IFCL-BERT_base", "Tab. 2 IFCL_base", "Tab. 5 M=416")]
+    assert f"note: {tiny_bert} is not a model the paper trained" in out
+    table = [line for line in out.splitlines() if line.startswith(("this run", "Tab. "))]
+    assert [line.split("  ")[0] for line in table] == ["this run", *labels]
+    assert table[1].split()[-8:] == ["71.57", "82.35", "75.08", "83.03", "80.17", "80.27", "72.16", "77.80"]
+    assert table[2].split()[-8:] == table[3].split()[-8:] == ["-"] * 5 + ["80.27", "-", "-"]
+    stored = json.loads((run / "best" / "test_metrics.json").read_text())
+    assert [r["label"] for r in stored["paper_rows"]] == labels
+    assert stored["paper_rows"][2]["flags"] == {"queue_len": 416}
+    assert stored["paper_note"].startswith(f"{tiny_bert} is not a model the paper trained")
+
+
 def test_end_to_end_simcse_row_needs_no_german(tmp_path, tiny_bert, parallel, small_sts):
     run = tmp_path / "run"
     ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tmp_path / "never-loaded"),
                "--data", str(parallel / "en.txt"), "--sts_dir", str(small_sts), "--output_dir", str(run),
                "--max_steps", "2", "--eval_every", "2", "--batch_size", "8", "--no_fraternal",
                "--no_queue", "--cache_dir", str(tmp_path / "cache")])
-    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs)
     assert all("l_fraternal" not in r for r in recs)
 
@@ -591,12 +753,12 @@ def test_first_run_translates_keeps_the_file_trains_and_later_runs_reuse_it(
              "--data", str(en), "--sts_dir", str(small_sts), "--max_steps", "2", "--eval_every", "2",
              "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(cache)]
     res = ifcl.main(flags + ["--output_dir", str(tmp_path / "run1")])
-    german = ifcl.default_fraternal_path(str(en), str(mt), str(cache))
+    german = translate.default_fraternal_path(str(en), str(mt), str(cache))
     assert common.count_lines(german) == 48 and not list(cache.glob("*.part*"))
     assert "translated 48 sentences" in capsys.readouterr().err
     args = json.loads((tmp_path / "run1" / "args.json").read_text())
     assert args["fraternal_data"] == str(german) and args["mt_model"] == str(mt)
-    recs = [json.loads(l) for l in (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs) and any("l_fraternal" in r for r in recs)
     assert res["test"] is not None
     mtime = german.stat().st_mtime_ns
