@@ -333,6 +333,23 @@ def subword_replace(ids: torch.Tensor, mask: torch.Tensor, special_ids: torch.Te
     return torch.where(swap, candidates[pick], ids), chosen                   # (N, L), (N, L)
 
 
+def change_one(new: torch.Tensor, ids: torch.Tensor, chosen: torch.Tensor, candidates: torch.Tensor,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """The o1 guard: in a row where subword_replace changed none of its chosen tokens, one of
+    them (drawn uniformly) becomes a random candidate other than itself. Every other row, and a
+    row with no chosen token (no content token at all), is returned as it is."""
+    # NOTE(ours): the 20% "unchanged" draw (or a random token equal to the original) can leave
+    # c_i = x_i, most often in a short sentence: Z_i would then be Y_i under the opposite label
+    dev = ids.device
+    same = ((new == ids) | ~chosen).all(1, keepdim=True)                      # (N, 1) nothing changed
+    score = torch.rand(ids.shape, device=dev, generator=generator).masked_fill(~chosen, -1.0)  # (N, L)
+    one = F.one_hot(score.argmax(1), ids.shape[1]).bool() & chosen & same      # (N, L) <= 1 a row
+    j = torch.randint(len(candidates) - 1, ids.shape, device=dev, generator=generator)  # (N, L)
+    # a draw from the candidates other than the token itself: a draw of the token becomes the last one
+    other = torch.where(candidates[j] == ids, candidates[-1], candidates[j])  # (N, L)
+    return torch.where(one, other, new)                                       # (N, L)
+
+
 def antonym_replace(sentence: str, antonyms: Callable[[str], list[str]] | Mapping[str, list[str]],
                     share: float, rng: random.Random) -> str | None:
     """Strategy o2 (Sec. 3.2.1): swap round(share x words) words (at least one) for an
@@ -412,22 +429,29 @@ class ConIsI(nn.Module):
     def make_c(self, batch: dict) -> dict[str, torch.Tensor]:
         """c_i for Z_i = (x_i, c_i), per --strategy, as a single-sentence batch."""
         x = batch["text"]
+        ids, mask = x["input_ids"], x["attention_mask"]                       # (N, L), (N, L)
         if self.strategy == "s":
-            k = other_index(x["input_ids"].shape[0], x["input_ids"].device)   # (N,)
-            return {"input_ids": x["input_ids"][k], "attention_mask": x["attention_mask"][k]}
-        noisy, _ = subword_replace(x["input_ids"], x["attention_mask"], self.special_ids,
-                                   self.candidates, self.replace_share, self.random_share)  # (N, L)
+            k = other_index(ids.shape[0], ids.device)                         # (N,)
+            return {"input_ids": ids[k], "attention_mask": mask[k]}
+        noisy, chosen = subword_replace(ids, mask, self.special_ids, self.candidates,
+                                        self.replace_share, self.random_share)  # (N, L), (N, L)
+        noisy = change_one(noisy, ids, chosen, self.candidates)               # (N, L)
+        # NOTE(ours): a row with no content token (special tokens only, e.g. [UNK]s) has nothing
+        # to replace: its c_i is another sentence of the batch, drawn as strategy s draws it
+        bare = ~chosen.any(1, keepdim=True)                                   # (N, 1)
+        k = other_index(ids.shape[0], ids.device)                             # (N,)
+        o1 = {"input_ids": torch.where(bare, ids[k], noisy),                  # (N, L)
+              "attention_mask": torch.where(bare, mask[k], mask)}             # (N, L)
         if self.strategy == "o1":
-            return {"input_ids": noisy, "attention_mask": x["attention_mask"]}
+            return o1
         # o2: the antonym column. NOTE(ours): a row with no antonym (c_i = x_i, so Z_i = Y_i
         # under the opposite label) falls back to o1, the other "from original sentence" way
         c = batch["anto"]
-        width = max(x["input_ids"].shape[1], c["input_ids"].shape[1])
-        x_p, c_p, noisy_p = (common.pad_batch(b, width, self.tpl.pad_id) for b in  # (N, W) each
-                             (x, c, {"input_ids": noisy, "attention_mask": x["attention_mask"]}))
+        width = max(ids.shape[1], c["input_ids"].shape[1])
+        x_p, c_p, o1_p = (common.pad_batch(b, width, self.tpl.pad_id) for b in (x, c, o1))  # (N, W) each
         same = ((x_p["input_ids"] == c_p["input_ids"]).all(1)
                 & (x_p["attention_mask"] == c_p["attention_mask"]).all(1))[:, None]  # (N, 1)
-        return {k: torch.where(same, noisy_p[k], c_p[k]) for k in c_p}        # (N, W)
+        return {k: torch.where(same, o1_p[k], c_p[k]) for k in c_p}           # (N, W)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = batch["text"]                                                     # (N, L)

@@ -287,6 +287,38 @@ def test_subword_replace_80_20_and_uniform_positions():
     assert (new[:, 0] == 1).all() and (new[:, -1] == 2).all()
 
 
+@pytest.mark.parametrize("random_share", [0.0, 0.2, 0.8])
+def test_change_one_guards_o1_rows_left_unchanged(random_share):
+    """The o1 guard (NOTE(ours) in change_one): a row whose chosen tokens all stayed as they
+    were (the 20% "unchanged" draw, or a random token equal to the original: likely here, with
+    10 candidates that are also the sentences' tokens) gets exactly one chosen token changed, to
+    another token; every row o1 did change is returned as drawn, so the share of changed tokens
+    there is o1's own; a row with no content token cannot change and is returned as it is."""
+    g = torch.Generator().manual_seed(2)
+    n, L = 3000, 12
+    cand = torch.arange(100, 110)
+    ids = torch.randint(100, 110, (n, L), generator=g)
+    lengths = torch.tensor([12, 3, 2])[torch.arange(n) % 3]              # 10 tokens, 1 token, none
+    mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    ids = torch.where(mask.bool(), ids, 0)
+    ids[:, 0] = 1
+    ids[torch.arange(n), lengths - 1] = 2
+    new, chosen = conisi.subword_replace(ids, mask, torch.tensor([0, 1, 2]), cand, 0.15, random_share,
+                                         generator=g)
+    out = conisi.change_one(new, ids, chosen, cand, generator=g)
+    changed, content = (new != ids).any(1), chosen.any(1)
+    assert torch.equal(out[changed], new[changed])                       # o1's draw, untouched
+    assert torch.equal((out != ids).any(1), content)                     # c_i != x_i wherever it can
+    stuck = content & ~changed
+    assert int(stuck[1::3].sum()) > 100                                  # one-token rows needed it
+    diff = (out != ids)[stuck]
+    assert (diff.sum(1) == 1).all() and not (diff & ~chosen[stuck]).any()   # one chosen token
+    assert torch.isin(out[stuck][diff], cand).all()
+    step = (out[stuck][diff] - ids[stuck][diff]) % 10                    # the new token, as an offset
+    counts = torch.bincount(step, minlength=10)                          # uniform over the 9 others
+    assert counts[0] == 0 and int(counts[1:].max()) < 2 * int(counts[1:].min())
+
+
 TABLE = {"good": ["bad"], "big": ["small", "little"], "up": ["down"], "happy": ["unhappy"]}
 
 
@@ -538,6 +570,53 @@ def test_make_c_per_strategy(tiny_model, tiny_tok):
         m_i = x["attention_mask"][i].bool()
         assert not torch.equal(c["input_ids"][i][:m_i.numel()][m_i], x["input_ids"][i][m_i])
         assert torch.equal(c["attention_mask"][i][:m_i.numel()], x["attention_mask"][i])
+
+
+@pytest.mark.parametrize("random_share", [0.0, 0.2])
+def test_o1_never_composes_Z_equal_to_Y(random_share, tiny_model, tiny_tok):
+    """One-token sentences under o1: the one chosen token stays as it is 80% or 100% of the time,
+    so without the guard most Z_i = (x_i, c_i) would be Y_i = (x_i, x_i) under the opposite label.
+    With it, none is over 30 draws; the longer rows of a mixed batch get o1's own draw (make_c
+    draws subword_replace first), so the share of changed tokens there is as before."""
+    words = ["the", "a", "is", "of", "and", "in", "to", "was"]
+    x = _batch(tiny_tok, words, 8)
+    assert (x["attention_mask"].sum(1) == 3).all()                     # [CLS] w [SEP]: one token each
+    m = tiny_model("o1")
+    m.random_share = random_share
+    Y = conisi.compose_pairs(x, x, m.tpl)
+    for seed in range(30):
+        torch.manual_seed(seed)
+        Z = conisi.compose_pairs(x, m.make_c({"text": x}), m.tpl)
+        assert all(not torch.equal(Z["input_ids"][i], Y["input_ids"][i]) for i in range(len(words)))
+    mixed = _batch(tiny_tok, SENTS + words, 16)
+    kept = 0
+    for seed in range(30):
+        torch.manual_seed(seed)
+        c = m.make_c({"text": mixed})
+        torch.manual_seed(seed)
+        new, _ = conisi.subword_replace(mixed["input_ids"], mixed["attention_mask"], m.special_ids,
+                                        m.candidates, m.replace_share, m.random_share)
+        drawn = (new != mixed["input_ids"]).any(1)                     # rows o1 itself changed
+        assert torch.equal(c["input_ids"][drawn], new[drawn])
+        assert torch.equal(c["attention_mask"], mixed["attention_mask"])
+        assert (c["input_ids"] != mixed["input_ids"]).any(1).all()
+        kept += int(drawn.sum())
+    assert (kept > 0) == (random_share > 0)                          # the check had rows to check
+
+
+def test_o1_row_without_content_takes_another_sentence(tiny_model, tiny_tok):
+    """A row of special tokens only ([CLS] [UNK] [SEP]) has no subword to replace: its c_i is
+    another sentence of the batch (as strategy s draws it), never x_i itself."""
+    x = _batch(tiny_tok, ["[UNK]"] + SENTS, 16)
+    assert x["input_ids"][0, :3].tolist() == [tiny_tok.cls_token_id, tiny_tok.unk_token_id,
+                                              tiny_tok.sep_token_id]
+    m = tiny_model("o1")
+    for seed in range(20):
+        torch.manual_seed(seed)
+        c = m.make_c({"text": x})
+        hits = [j for j in range(1, len(SENTS) + 1) if torch.equal(c["input_ids"][0], x["input_ids"][j])
+                and torch.equal(c["attention_mask"][0], x["attention_mask"][j])]
+        assert hits                                                    # another sentence, whole
 
 
 def paper_rows(*argv: str) -> tuple[dict[str, common.PaperRow], str]:
