@@ -12,19 +12,24 @@ What it adds to unsupervised SimCSE:
     Z_i = (x_i, c_i), with c_i another batch sentence (s), subword noise (o1) or antonyms (o2);
   - loss (1 - lam) * contrastive + lam * interactive (Eq. 10); evaluation uses raw [CLS].
 
-Run:
-  python conisi.py                                   # ConIsI-s, bert-base-uncased on wiki1m
-  python conisi.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
-      --sts_dir ../shared/data/sts --output_dir runs/conisi-minilm  # testbed: README.md "Results"
-  python conisi.py --model <tiny bert dir> --data ../shared/data/wiki1m_head.txt \
-      --sts_dir ../shared/data/sts --max_steps 4 --eval_every 2 --batch_size 8   # quick CPU run
+Run (data/ is filled on first use, or by `python common.py download`):
+  python conisi.py                        # ConIsI-s, bert-base-uncased on wiki1m: runs/conisi/default
+  python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 20 --eval_every 10
+                                          # the testbed's model and budget (README.md "Results")
+  python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 4 --eval_every 2 \
+      --batch_size 8 --max_len 16         # a quick CPU run (no paper row: batch and max_len differ)
 
-The paper's ablations (the final table prints the paper's figure beside yours):
+The paper's rows, one command each (the end of a run prints the rows its flags select beside
+its own figures; README.md maps every row):
   python conisi.py --lam 0             # Tab. 5 "w/o fine-grained classification loss": no Z at all
   python conisi.py --lam 1             # Tab. 5 "w/o contrastive loss" (loss_contrastive still logged)
-  python conisi.py --strategy o1       # Tab. 6; also o2 (needs `pip install nltk` + wordnet), s
-  python conisi.py --model roberta-base --lam 0.1 --strategy o1    # Tab. 6, RoBERTa-base (Tab. 3)
-  python conisi.py --lam 0.1           # Tab. 7: --lam 0.1 ... 0.9 (the default 0.8 is its best)
+  python conisi.py --strategy o1       # Tab. 6 ConIsI-o1-BERT_base
+  python conisi.py --strategy o2       # Tab. 6 ConIsI-o2-BERT_base (pip install nltk, and its wordnet)
+  python conisi.py --model roberta-base --lam 0.1                  # Tab. 4 and 6 ConIsI-s-RoBERTa_base
+  python conisi.py --model roberta-base --lam 0.1 --strategy o1    # Tab. 6 ConIsI-o1-RoBERTa_base
+  python conisi.py --model bert-large-uncased --max_len 28 --lam 0.1   # Tab. 4 ConIsI-s-BERT_large
+  python conisi.py --lam 0.1           # Tab. 7: --lam 0, 0.1, ..., 0.9 (the default 0.8 is its best)
+Tab. 3 gives its settings (lam among them) for ConIsI-s only: o1 and o2 at those are our reading.
 
 The mechanism at work, in metrics.jsonl: Eq. (8) trains f to tell Y_i from Z_i, so acc_interactive
 (the share of pairs with r_i^Y > r_i^Z) should rise from about 0.5 towards 1 and loss_interactive
@@ -55,7 +60,6 @@ import torch.nn.functional as F
 import common
 from common import UserError, arg
 
-
 # =====================================================================================
 # Hyperparameters (ConIsI-s, BERT-base)
 # =====================================================================================
@@ -82,7 +86,7 @@ class Args(common.TrainArgs):
                         choices=["s", "o1", "o2"])
     # NOTE(ours): the paper never says which rows form a BatchNorm batch; joint is our reading
     # (normalised apart, Y and Z leave BN with the same mean per feature: Eq. (8) loses its
-    # easiest cue, methods.md); separate is the other. At --lam 0 there is no Z: Y is alone.
+    # easiest cue); separate is the other. At --lam 0 there is no Z: Y is alone.
     bn: str = arg("joint", "BatchNorm batches of the head g, our reading (the paper does not say): "
                   "joint = x alone (N), Y and Z together (2N, encoder 2's one pass); separate = x, Y, "
                   "Z each alone (N); at --lam 0 Y alone either way", "ours", choices=["joint", "separate"])
@@ -112,32 +116,55 @@ class Args(common.TrainArgs):
                             f"{positions // 2} or less.")
 
 
-# Paper Tab. 4 (ConIsI-s-BERT_base, lam 0.8); Tab. 6 averages per strategy (BERT-base at lam
-# 0.8, RoBERTa-base at 0.1, Tab. 3); Tab. 7 averages of ConIsI-s per lam, and Tab. 5's lam 1.
-PAPER_S = {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
-           "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}
-PAPER_AVG_BY_STRATEGY = {"s": 78.30, "o1": 77.14, "o2": 77.35}
-PAPER_ROBERTA_BY_STRATEGY = {"s": 77.34, "o1": 78.35, "o2": 78.13}
-PAPER_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
-                    0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58, 1.0: 67.68}
+# =====================================================================================
+# The paper's rows (README.md maps each to its command): the end of a run prints the ones
+# its flags select beside its own figures
+# =====================================================================================
 
+# Tab. 3 sets batch 64 and lr 3e-5 for every model (the defaults), max_len 32 (28 for
+# BERT-large) and lam for ConIsI-s only: 0.8 for BERT-base, 0.1 for RoBERTa-base and BERT-large
+LAM_READING = "Tab. 3 gives lam for ConIsI-s only: lam {lam} for {strategy} is our reading"
+TAB7_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
+                   0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58}   # Tab. 7, ConIsI-s-BERT_base
 
-PAPER_ROWS = [common.PaperRow("Tab. 4", "ConIsI-s-BERT_base", PAPER_S)]
-
-
-def paper_numbers(strategy: str, lam: float, model: str = "bert-base-uncased") -> tuple[dict | None, str]:
-    """The paper's figures for this run (None if it reports none) and the row's name in the final
-    table (14 characters at most): RoBERTa-base's for a roberta-base model, else BERT-base's."""
-    lam = round(lam, 6)
-    if "roberta-base" in model.lower():  # Tab. 6's RoBERTa-base column, at Tab. 3's lam 0.1
-        return ({"avg": PAPER_ROBERTA_BY_STRATEGY[strategy]} if lam == 0.1 else None), "paper RoBERTa"
-    if lam == 0.8 and strategy == "s":
-        return dict(PAPER_S), "paper (s)"
-    if lam == 0.8:
-        return {"avg": PAPER_AVG_BY_STRATEGY[strategy]}, f"paper ({strategy})"
-    if (strategy == "s" or lam == 0.0) and lam in PAPER_AVG_BY_LAM:  # lam 0: c_i plays no part
-        return {"avg": PAPER_AVG_BY_LAM[lam]}, f"paper lam {lam:g}"
-    return None, "paper"
+PAPER_ROWS = [
+    common.PaperRow("Tab. 4", "ConIsI-s-BERT_base",
+                    {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
+                     "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}),
+    common.PaperRow("Tab. 4", "ConIsI-s-RoBERTa_base",
+                    {"STS12": 71.21, "STS13": 83.31, "STS14": 75.11, "STS15": 81.13, "STS16": 80.73,
+                     "STSBenchmark": 80.50, "SICKRelatedness": 69.39, "avg": 77.34},
+                    flags={"lam": 0.1}, model="roberta-base"),
+    common.PaperRow("Tab. 4", "ConIsI-s-BERT_large",
+                    {"STS12": 72.33, "STS13": 86.14, "STS14": 77.42, "STS15": 84.83, "STS16": 79.60,
+                     "STSBenchmark": 81.76, "SICKRelatedness": 74.78, "avg": 79.55},
+                    flags={"lam": 0.1, "max_len": 28}, model="bert-large-uncased"),
+    # Tab. 5, ConIsI-s-BERT_base and its two ablations (its SimCSE row is simcse.py's)
+    common.PaperRow("Tab. 5", "ConIsI-s-BERT_base", {"avg": 78.30}),
+    common.PaperRow("Tab. 5", "w/o fine-grained classification loss", {"avg": 77.00}, flags={"lam": 0.0}),
+    common.PaperRow("Tab. 5", "w/o contrastive loss", {"avg": 67.68}, flags={"lam": 1.0}),
+    # Tab. 6, the three strategies for c_i, on BERT-base and on RoBERTa-base
+    common.PaperRow("Tab. 6", "ConIsI-o1-BERT_base", {"avg": 77.14}, flags={"strategy": "o1"},
+                    note=LAM_READING.format(lam=0.8, strategy="o1")),
+    common.PaperRow("Tab. 6", "ConIsI-o2-BERT_base", {"avg": 77.35}, flags={"strategy": "o2"},
+                    note=LAM_READING.format(lam=0.8, strategy="o2")),
+    common.PaperRow("Tab. 6", "ConIsI-s-BERT_base", {"avg": 78.30}),
+    common.PaperRow("Tab. 6", "ConIsI-o1-RoBERTa_base", {"avg": 78.35}, flags={"lam": 0.1, "strategy": "o1"},
+                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o1")),
+    common.PaperRow("Tab. 6", "ConIsI-o2-RoBERTa_base", {"avg": 78.13}, flags={"lam": 0.1, "strategy": "o2"},
+                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o2")),
+    common.PaperRow("Tab. 6", "ConIsI-s-RoBERTa_base", {"avg": 77.34}, flags={"lam": 0.1},
+                    model="roberta-base"),
+    # Tab. 7, ConIsI-s-BERT_base per lam
+    *(common.PaperRow("Tab. 7", f"ConIsI-s-BERT_base, lam = {lam:g}", {"avg": avg}, flags={"lam": lam})
+      for lam, avg in TAB7_AVG_BY_LAM.items()),
+    # lam 0 builds no c_i (ConIsI.forward), so o1 and o2 train the run of the lam 0 rows
+    *(common.PaperRow(table, name, {"avg": 77.00}, flags={"lam": 0.0, "strategy": strategy},
+                      note=f"at lam 0 no c_i is built: --strategy {strategy} trains the same run as s")
+      for table, name in (("Tab. 5", "w/o fine-grained classification loss"),
+                          ("Tab. 7", "ConIsI-s-BERT_base, lam = 0"))
+      for strategy in ("o1", "o2")),
+]
 
 
 # =====================================================================================
@@ -202,7 +229,8 @@ class PairTemplate:
 def pair_template(tokenizer, flag: str = "--model") -> PairTemplate:
     """Read the tokenizer's own sentence-pair form off a probe ([CLS] a [SEP] b [SEP], types
     0/1 for BERT; <s> a </s></s> b </s> for RoBERTa)."""
-    # NOTE(ours): pairs follow the tokenizer's own pair template (methods.md), read off a probe.
+    # NOTE(ours): pairs follow the tokenizer's own pair template, read off a probe (Sec. 3.1.3:
+    # BERT's sentence-pair input; for RoBERTa, the sentences separated by "</s>")
     n_a, n_b = (len(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in ("a", "b"))
     one = tokenizer("a", return_special_tokens_mask=True)
     two = tokenizer("a", "b", return_special_tokens_mask=True, return_token_type_ids=True)
@@ -305,6 +333,23 @@ def subword_replace(ids: torch.Tensor, mask: torch.Tensor, special_ids: torch.Te
     return torch.where(swap, candidates[pick], ids), chosen                   # (N, L), (N, L)
 
 
+def change_one(new: torch.Tensor, ids: torch.Tensor, chosen: torch.Tensor, candidates: torch.Tensor,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """The o1 guard: in a row where subword_replace changed none of its chosen tokens, one of
+    them (drawn uniformly) becomes a random candidate other than itself. Every other row, and a
+    row with no chosen token (no content token at all), is returned as it is."""
+    # NOTE(ours): the 20% "unchanged" draw (or a random token equal to the original) can leave
+    # c_i = x_i, most often in a short sentence: Z_i would then be Y_i under the opposite label
+    dev = ids.device
+    same = ((new == ids) | ~chosen).all(1, keepdim=True)                      # (N, 1) nothing changed
+    score = torch.rand(ids.shape, device=dev, generator=generator).masked_fill(~chosen, -1.0)  # (N, L)
+    one = F.one_hot(score.argmax(1), ids.shape[1]).bool() & chosen & same      # (N, L) <= 1 a row
+    j = torch.randint(len(candidates) - 1, ids.shape, device=dev, generator=generator)  # (N, L)
+    # a draw from the candidates other than the token itself: a draw of the token becomes the last one
+    other = torch.where(candidates[j] == ids, candidates[-1], candidates[j])  # (N, L)
+    return torch.where(one, other, new)                                       # (N, L)
+
+
 def antonym_replace(sentence: str, antonyms: Callable[[str], list[str]] | Mapping[str, list[str]],
                     share: float, rng: random.Random) -> str | None:
     """Strategy o2 (Sec. 3.2.1): swap round(share x words) words (at least one) for an
@@ -384,22 +429,29 @@ class ConIsI(nn.Module):
     def make_c(self, batch: dict) -> dict[str, torch.Tensor]:
         """c_i for Z_i = (x_i, c_i), per --strategy, as a single-sentence batch."""
         x = batch["text"]
+        ids, mask = x["input_ids"], x["attention_mask"]                       # (N, L), (N, L)
         if self.strategy == "s":
-            k = other_index(x["input_ids"].shape[0], x["input_ids"].device)   # (N,)
-            return {"input_ids": x["input_ids"][k], "attention_mask": x["attention_mask"][k]}
-        noisy, _ = subword_replace(x["input_ids"], x["attention_mask"], self.special_ids,
-                                   self.candidates, self.replace_share, self.random_share)  # (N, L)
+            k = other_index(ids.shape[0], ids.device)                         # (N,)
+            return {"input_ids": ids[k], "attention_mask": mask[k]}
+        noisy, chosen = subword_replace(ids, mask, self.special_ids, self.candidates,
+                                        self.replace_share, self.random_share)  # (N, L), (N, L)
+        noisy = change_one(noisy, ids, chosen, self.candidates)               # (N, L)
+        # NOTE(ours): a row with no content token (special tokens only, e.g. [UNK]s) has nothing
+        # to replace: its c_i is another sentence of the batch, drawn as strategy s draws it
+        bare = ~chosen.any(1, keepdim=True)                                   # (N, 1)
+        k = other_index(ids.shape[0], ids.device)                             # (N,)
+        o1 = {"input_ids": torch.where(bare, ids[k], noisy),                  # (N, L)
+              "attention_mask": torch.where(bare, mask[k], mask)}             # (N, L)
         if self.strategy == "o1":
-            return {"input_ids": noisy, "attention_mask": x["attention_mask"]}
+            return o1
         # o2: the antonym column. NOTE(ours): a row with no antonym (c_i = x_i, so Z_i = Y_i
         # under the opposite label) falls back to o1, the other "from original sentence" way
         c = batch["anto"]
-        width = max(x["input_ids"].shape[1], c["input_ids"].shape[1])
-        x_p, c_p, noisy_p = (common.pad_batch(b, width, self.tpl.pad_id) for b in  # (N, W) each
-                             (x, c, {"input_ids": noisy, "attention_mask": x["attention_mask"]}))
+        width = max(ids.shape[1], c["input_ids"].shape[1])
+        x_p, c_p, o1_p = (common.pad_batch(b, width, self.tpl.pad_id) for b in (x, c, o1))  # (N, W) each
         same = ((x_p["input_ids"] == c_p["input_ids"]).all(1)
                 & (x_p["attention_mask"] == c_p["attention_mask"]).all(1))[:, None]  # (N, 1)
-        return {k: torch.where(same, noisy_p[k], c_p[k]) for k in c_p}        # (N, W)
+        return {k: torch.where(same, o1_p[k], c_p[k]) for k in c_p}           # (N, W)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = batch["text"]                                                     # (N, L)
@@ -442,7 +494,7 @@ def wordnet_antonyms() -> Callable[[str], list[str]]:
 
     @lru_cache(maxsize=None)
     def lookup(word: str) -> list[str]:
-        return sorted({a.name().replace("_", " ") for l in wn.lemmas(word) for a in l.antonyms()})
+        return sorted({a.name().replace("_", " ") for lemma in wn.lemmas(word) for a in lemma.antonyms()})
     return lookup
 
 
@@ -454,7 +506,7 @@ def read_antonym_table(path: str | Path, flag: str = "--antonyms") -> dict[str, 
                         f"flag out to use WordNet (pip install nltk).")
     table: dict[str, list[str]] = {}
     lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in ((i, l) for i, l in enumerate(lines, start=1) if l.strip()):
+    for i, line in ((i, text) for i, text in enumerate(lines, start=1) if text.strip()):
         cells = [c.strip() for c in line.split("\t")]
         if len(cells) != 2 or not all(cells):
             raise UserError(f"{flag} {path}: line {i} is {line!r}; expected word<TAB>antonym.")

@@ -12,28 +12,37 @@ What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
     two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
     embeddings of the same sentences against the batch (Eq. 3; no hard negatives).
 
-Run:
-  python rcl.py     # paper form: nli-roberta-base-v2 (SRoBERTa-base), SimCSE's NLI triplets, 4 phis
-  python rcl.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
-      --sts_dir ../shared/data/sts --pooler cls_before_pooler --lr 3e-5 --output_dir runs/rcl-minilm
-                    # the small real testbed (unsupervised form: two dropout views, README)
-  python rcl.py --model <tiny model dir> --data ../shared/data/nli_sample.csv --phi 0.01 0.02 \
-      --max_steps 4 --eval_every 2 --batch_size 8      # a quick CPU run of both stages
+Run (data/ is filled on first use, or by `python common.py download`):
+  python rcl.py     # paper form: nli-roberta-base-v2 (SRoBERTa-base), SimCSE's NLI triplets
+                    # (data/nli_for_simcse.csv), 4 phis; the run folder is runs/rcl/default
+  python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --data data/wiki1m_for_simcse.txt \
+      --pooler cls_before_pooler --lr 3e-5 --phi 0.01 0.04 --max_steps 20 --eval_every 10
+                    # the testbed's model and budget (README.md "Results"); a text file is the
+                    # unsupervised form (two dropout views), which the paper does not report
+  python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --phi 0.01 0.02 --max_steps 4 \
+      --eval_every 2 --batch_size 8                  # a quick CPU run of both stages on the NLI CSV
   python rcl.py --resume                             # a restart reuses the finished entropy models
-The paper's ablation rows (README.md maps every row to its command):
-  python rcl.py --phi 0.01                           # Tab. 4: 2 regulators; 0.01 0.02: 4; ... (default: 8)
+The paper's rows, one command each (the end of a run prints the rows its flags select beside
+its own figures; all are of the NLI CSV; README.md maps every row):
+  python rcl.py                                      # Tab. 3 "RCL(ours)"; Tab. 4, 8 regulators
+  python rcl.py --phi 0.01                           # Tab. 4: 2 regulators
+  python rcl.py --phi 0.01 0.02                      # Tab. 4: 4 regulators
+  python rcl.py --phi 0.01 0.02 0.03                 # Tab. 4: 6 regulators
+  python rcl.py --phi 0.01 0.02 0.03 0.04 0.05       # Tab. 4: 10 regulators
   python common.py eval --model sentence-transformers/nli-roberta-base-v2 --pooler avg
-                                                     # Tab. 4 "0 (No phi)", 81.29: the UNTRAINED SRoBERTa
-  python common.py eval --model runs/rcl/entropy_phi0.01/end --pooler avg   # Tab. 5: an entropy model
+                                                     # Tab. 3 "SRoberta_base", Tab. 4 "0 (No phi)": UNTRAINED
+  python common.py eval --model runs/rcl/default/entropy_phi0.01/end --pooler avg
+                                                     # Tab. 5: phi 0.01's entropy model, once trained
   python rcl.py --phi                                # ours, not a paper row: the contrastive term alone
   python rcl.py --phi 0 0.01                         # ours: a phi = 0 model, the control for phi's effect
 
 Measured numbers: README.md, "Results" (the MiniLM testbed, unsupervised form; the NLI form
-can only be smoke-tested here). The SRoBERTa-base recipe prints the paper's Tab. 3 row beside
-yours at the end of a run. What the log shows of the mechanism: each entropy model's `entropy`
-(the row entropy of Eq. 2, which phi > 0 lowers: Sec. 3 "enhance the certainty") and the
-stage-1 summary (where each model stopped; its row entropy beside the phi = 0 model's); the
-final model's `contrastive` term and each regulator's, `reg_q_phi<phi>` and `reg_ind_phi<phi>`.
+can only be smoke-tested here). The SRoBERTa-base recipe prints the paper's Tab. 3 and Tab. 4
+rows its flags select beside yours at the end of a run. What the log shows of the mechanism:
+each entropy model's `entropy` (the row entropy of Eq. 2, which phi > 0 lowers: Sec. 3
+"enhance the certainty") and the stage-1 summary (where each model stopped; its row entropy
+beside the phi = 0 model's); the final model's `contrastive` term and each regulator's,
+`reg_q_phi<phi>` and `reg_ind_phi<phi>`.
 
 Augmented embeddings (Au in Eq. 3) come on the fly, under no_grad, from the frozen entropy
 models in eval mode: memory is bounded by the batch. A disk cache would save no compute (one
@@ -61,7 +70,6 @@ import torch.nn.functional as F
 
 import common
 from common import UserError, arg
-
 
 # =====================================================================================
 # Hyperparameters (the paper's STS setting: SRoBERTa-base on NLI)
@@ -117,18 +125,29 @@ class Args(common.TrainArgs):
         if len({f"{p:g}" for p in self.phi}) != len(self.phi):
             raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
                             f"model; give every value once.")
-        if self.final_hard_negatives and Path(self.data).is_file() and "hard_neg" not in common.load_columns(self.data):
+        if (self.final_hard_negatives and Path(self.data).is_file()
+                and "hard_neg" not in common.load_columns(self.data)):
             raise UserError(f"--final_hard_negatives: --data {self.data} has no hard_neg column. Give a CSV "
                             f"sent0,sent1,hard_neg, or leave the flag out.")
 
 
 # The paper's rows (README.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures
+# flags select beside its own figures. All are SRoBERTa-base trained on SNLI and MNLI (App. A),
+# SimCSE's NLI triplets here: a run on another file (a text file: the unsupervised form) has none
+NLI = "nli_for_simcse.csv"
+TAB4_AVG_BY_PHI = {(0.01,): 81.47, (0.01, 0.02): 81.98, (0.01, 0.02, 0.03): 82.29,
+                   (0.01, 0.02, 0.03, 0.04): 82.40, (0.01, 0.02, 0.03, 0.04, 0.05): 82.42}
+
 PAPER_ROWS = [
     common.PaperRow("Tab. 3", "RCL(ours)",
                     {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
                      "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
-                    data="nli_for_simcse.csv", note="a mean of 5 runs"),
+                    data=NLI, note=f"a mean of 5 runs, on the NLI triplets ({NLI})"),
+    # Tab. 4: the 7-task average per number of regulators, two per entropy model (phi)
+    *(common.PaperRow("Tab. 4", f"Number of Regulator: {2 * len(phi)} (phi = {', '.join(map(str, phi))})",
+                      {"avg": avg}, flags={"phi": list(phi)}, data=NLI,
+                      note=f"on the NLI triplets ({NLI}); Tab. 4 does not say over how many runs")
+      for phi, avg in TAB4_AVG_BY_PHI.items()),
 ]
 
 DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy model is complete
@@ -163,7 +182,8 @@ def entropy_loss(q: torch.Tensor, ind: torch.Tensor, phi: float, tau: float) -> 
     # the entropy sum skips only j = i; hard-negative columns (j >= N) are in it
     diag = torch.eye(n, ind.shape[0], dtype=torch.bool, device=q.device)      # (N, M)
     s_log_s = (log_s.exp() * log_s).masked_fill(diag, 0.0)                    # (N, M)
-    # Eq. (2): J_i = -log e^{cos(q_i, ind_i)/tau} / sum_j e^{cos(q_i, ind_j)/tau} - phi * sum_{j!=i} s_ij log s_ij
+    # Eq. (2): J_i = -log e^{cos(q_i, ind_i)/tau} / sum_j e^{cos(q_i, ind_j)/tau}
+    #               - phi * sum_{j!=i} s_ij log s_ij
     return (ce - phi * s_log_s.sum(1)).mean()                                 # ()
 
 
@@ -284,7 +304,7 @@ class RCL(nn.Module):
         self.encoder, self.pooler, self.tau = encoder, pooler, tau
         self.phis = phis if phis is not None else list(range(len(entropy_encoders)))  # log names
         # A plain list on purpose: not submodules, so they stay out of state_dict (the
-        # checkpoint keeps one model; they are reloaded from entropy_phi*/best), out of the
+        # checkpoint keeps one model; they are reloaded from entropy_phi*/end or best), out of the
         # optimizer and DDP, and model.train() cannot switch their dropout on.
         self.entropy_encoders = entropy_encoders
 
@@ -399,13 +419,13 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
                                              data, args, device)}
     if main_proc:
         summary = {**marker_record(args, phi), "steps": res["steps"], "total": res["total"],
-               "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
-               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"], "best_step": res["best_step"],
-               "dev_start": at_start.get("dev_start"), "dev_end": res["last_dev"],
-               "entropy_start": at_start["entropy_start"], **entropy}
+                   "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
+                   "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
+                   "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
+                   "dev_end": res["last_dev"], "entropy_start": at_start["entropy_start"], **entropy}
         entropy, dev = regulating(summary, args.regulate_with)
-        print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, which "
-              f"regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
+        print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, "
+              f"which regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
               f"{figure(summary['dev_start'], '.2f')} -> {dev:.2f}")
         common.write_text_atomic(folder / DONE, json.dumps(summary, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
@@ -429,7 +449,8 @@ def where_stopped(summary: dict) -> str:
     """'stopped early at step 350 of 4306 (8% of an epoch)', or 'trained its 4306 steps'."""
     if not summary.get("stopped_early"):
         return f"trained its {summary['steps']} steps"
-    share = f" ({100 * summary['steps'] / summary['epoch_steps']:.0f}% of an epoch)" if summary.get("epoch_steps") else ""
+    share = (f" ({100 * summary['steps'] / summary['epoch_steps']:.0f}% of an epoch)"
+             if summary.get("epoch_steps") else "")
     return f"stopped early at step {summary['steps']} of {summary.get('total', '?')}{share}"
 
 
@@ -445,9 +466,10 @@ def summary_table(records: list[dict], regulate_with: str = "end") -> str:
     for r in records:
         entropy, dev = regulating(r, regulate_with)
         vs = f"{entropy - zero:+.4f}" if None not in (entropy, zero) else "-"
-        lines.append(f"{r['phi']:>7g}  {figure(r.get('entropy_start'), '.4f'):>10} -> {figure(entropy, '.4f'):<12}"
-                     f"  {vs:>8}  {figure(r.get('dev_start'), '.2f'):>8} -> {figure(dev, '.2f'):<12}  "
-                     f"{figure(r['best_dev'], '.2f')} ({r['best_step']})  {where_stopped(r)}")
+        lines.append(f"{r['phi']:>7g}  {figure(r.get('entropy_start'), '.4f'):>10} -> "
+                     f"{figure(entropy, '.4f'):<12}  {vs:>8}  {figure(r.get('dev_start'), '.2f'):>8} -> "
+                     f"{figure(dev, '.2f'):<12}  {figure(r['best_dev'], '.2f')} ({r['best_step']})  "
+                     f"{where_stopped(r)}")
     return "\n".join(lines)
 
 
@@ -471,14 +493,15 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
                                 f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {folder} "
                                 f"to train it again, or pass --regulate_with best.")
             if common.world()[0] == 0:
-                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} ({where_stopped(summary)}, "
-                      f"best STS-B dev {summary['best_dev']:.2f})")
+                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} "
+                      f"({where_stopped(summary)}, best STS-B dev {summary['best_dev']:.2f})")
                 shutil.rmtree(folder / "last", ignore_errors=True)  # if a kill came before its removal
         else:
             train_entropy_model(args, phi, folder, data, device, start_figures)
         folders.append(folder / args.regulate_with)
     if common.world()[0] == 0:
-        print(summary_table([json.loads((d.parent / DONE).read_text()) for d in folders], args.regulate_with))
+        summaries = [json.loads((d.parent / DONE).read_text()) for d in folders]
+        print(summary_table(summaries, args.regulate_with))
     return folders
 
 
@@ -493,7 +516,8 @@ def train_final(args: Args, data: dict, folders: list[Path], device: torch.devic
     entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
     common.seed_everything(args.seed)
     tokenizer, encoder = common.load_encoder(args.model)
-    model = RCL(encoder, args.pooler, args.tau, [load_frozen(d, device) for d in folders], args.phi).to(device)
+    regulators = [load_frozen(d, device) for d in folders]
+    model = RCL(encoder, args.pooler, args.tau, regulators, args.phi).to(device)
     # App. A: the final model sees "the positive instances and entailment instances"
     data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
     return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)

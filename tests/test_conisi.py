@@ -151,8 +151,8 @@ def _batch(tok, texts, max_len):
 
 @pytest.mark.parametrize("which", ["tiny", "minilm"])
 def test_compose_pairs_is_the_tokenizers_pair_form(which, tiny_tok):
-    from transformers import AutoTokenizer
     from conftest import need_shared
+    from transformers import AutoTokenizer
     tok = tiny_tok if which == "tiny" else AutoTokenizer.from_pretrained(
         str(need_shared("models", "all-MiniLM-L6-v2")))
     tpl = conisi.pair_template(tok)
@@ -187,15 +187,17 @@ def test_compose_pairs_docstring_example(tiny_tok):
     read off the docstring itself, so the two cannot drift apart. With MiniLM's tokenizer (BERT's
     uncased vocabulary) the example's x_i and template are also what the tokenizer gives."""
     import re
-    from transformers import AutoTokenizer
+
     from conftest import need_shared
-    found = re.findall(r"(input_ids|token_type_ids|attention_mask) \[([\d, ]+)\]", conisi.compose_pairs.__doc__)
+    from transformers import AutoTokenizer
+    found = re.findall(r"(input_ids|token_type_ids|attention_mask) \[([\d, ]+)\]",
+                       conisi.compose_pairs.__doc__)
     assert [k for k, _ in found] == ["input_ids", "attention_mask", "input_ids", "token_type_ids",
                                      "attention_mask"]
     rows = [[int(v) for v in vals.split(",")] for _, vals in found]
     x = {"input_ids": torch.tensor([rows[0]]), "attention_mask": torch.tensor([rows[1]])}
     want = {"input_ids": rows[2], "token_type_ids": rows[3], "attention_mask": rows[4]}
-    assert want == {"input_ids": [101, 7592, 2088, 102, 7592, 2088, 102, 0, 0],     # [CLS] a b [SEP] a b [SEP]
+    assert want == {"input_ids": [101, 7592, 2088, 102, 7592, 2088, 102, 0, 0],   # [CLS] a b [SEP] a b [SEP]
                     "token_type_ids": [0, 0, 0, 0, 1, 1, 1, 0, 0],
                     "attention_mask": [1, 1, 1, 1, 1, 1, 1, 0, 0]}
     bert = conisi.PairTemplate(single_pre=1, single_suf=1, pre=(101,), mid=(102,), suf=(102,),
@@ -283,6 +285,38 @@ def test_subword_replace_80_20_and_uniform_positions():
     share = chosen[:, 1:-1].float().mean(0)                            # each content slot ~ 0.2
     assert float(share.min()) > 0.17 and float(share.max()) < 0.23
     assert (new[:, 0] == 1).all() and (new[:, -1] == 2).all()
+
+
+@pytest.mark.parametrize("random_share", [0.0, 0.2, 0.8])
+def test_change_one_guards_o1_rows_left_unchanged(random_share):
+    """The o1 guard (NOTE(ours) in change_one): a row whose chosen tokens all stayed as they
+    were (the 20% "unchanged" draw, or a random token equal to the original: likely here, with
+    10 candidates that are also the sentences' tokens) gets exactly one chosen token changed, to
+    another token; every row o1 did change is returned as drawn, so the share of changed tokens
+    there is o1's own; a row with no content token cannot change and is returned as it is."""
+    g = torch.Generator().manual_seed(2)
+    n, L = 3000, 12
+    cand = torch.arange(100, 110)
+    ids = torch.randint(100, 110, (n, L), generator=g)
+    lengths = torch.tensor([12, 3, 2])[torch.arange(n) % 3]              # 10 tokens, 1 token, none
+    mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    ids = torch.where(mask.bool(), ids, 0)
+    ids[:, 0] = 1
+    ids[torch.arange(n), lengths - 1] = 2
+    new, chosen = conisi.subword_replace(ids, mask, torch.tensor([0, 1, 2]), cand, 0.15, random_share,
+                                         generator=g)
+    out = conisi.change_one(new, ids, chosen, cand, generator=g)
+    changed, content = (new != ids).any(1), chosen.any(1)
+    assert torch.equal(out[changed], new[changed])                       # o1's draw, untouched
+    assert torch.equal((out != ids).any(1), content)                     # c_i != x_i wherever it can
+    stuck = content & ~changed
+    assert int(stuck[1::3].sum()) > 100                                  # one-token rows needed it
+    diff = (out != ids)[stuck]
+    assert (diff.sum(1) == 1).all() and not (diff & ~chosen[stuck]).any()   # one chosen token
+    assert torch.isin(out[stuck][diff], cand).all()
+    step = (out[stuck][diff] - ids[stuck][diff]) % 10                    # the new token, as an offset
+    counts = torch.bincount(step, minlength=10)                          # uniform over the 9 others
+    assert counts[0] == 0 and int(counts[1:].max()) < 2 * int(counts[1:].min())
 
 
 TABLE = {"good": ["bad"], "big": ["small", "little"], "up": ["down"], "happy": ["unhappy"]}
@@ -538,22 +572,123 @@ def test_make_c_per_strategy(tiny_model, tiny_tok):
         assert torch.equal(c["attention_mask"][i][:m_i.numel()], x["attention_mask"][i])
 
 
-def test_paper_numbers():
-    row, name = conisi.paper_numbers("s", 0.8)
-    assert row["avg"] == 78.30 and row["STSBenchmark"] == 82.15 and name == "paper (s)"
+@pytest.mark.parametrize("random_share", [0.0, 0.2])
+def test_o1_never_composes_Z_equal_to_Y(random_share, tiny_model, tiny_tok):
+    """One-token sentences under o1: the one chosen token stays as it is 80% or 100% of the time,
+    so without the guard most Z_i = (x_i, c_i) would be Y_i = (x_i, x_i) under the opposite label.
+    With it, none is over 30 draws; the longer rows of a mixed batch get o1's own draw (make_c
+    draws subword_replace first), so the share of changed tokens there is as before."""
+    words = ["the", "a", "is", "of", "and", "in", "to", "was"]
+    x = _batch(tiny_tok, words, 8)
+    assert (x["attention_mask"].sum(1) == 3).all()                     # [CLS] w [SEP]: one token each
+    m = tiny_model("o1")
+    m.random_share = random_share
+    Y = conisi.compose_pairs(x, x, m.tpl)
+    for seed in range(30):
+        torch.manual_seed(seed)
+        Z = conisi.compose_pairs(x, m.make_c({"text": x}), m.tpl)
+        assert all(not torch.equal(Z["input_ids"][i], Y["input_ids"][i]) for i in range(len(words)))
+    mixed = _batch(tiny_tok, SENTS + words, 16)
+    kept = 0
+    for seed in range(30):
+        torch.manual_seed(seed)
+        c = m.make_c({"text": mixed})
+        torch.manual_seed(seed)
+        new, _ = conisi.subword_replace(mixed["input_ids"], mixed["attention_mask"], m.special_ids,
+                                        m.candidates, m.replace_share, m.random_share)
+        drawn = (new != mixed["input_ids"]).any(1)                     # rows o1 itself changed
+        assert torch.equal(c["input_ids"][drawn], new[drawn])
+        assert torch.equal(c["attention_mask"], mixed["attention_mask"])
+        assert (c["input_ids"] != mixed["input_ids"]).any(1).all()
+        kept += int(drawn.sum())
+    assert (kept > 0) == (random_share > 0)                          # the check had rows to check
+
+
+def test_o1_row_without_content_takes_another_sentence(tiny_model, tiny_tok):
+    """A row of special tokens only ([CLS] [UNK] [SEP]) has no subword to replace: its c_i is
+    another sentence of the batch (as strategy s draws it), never x_i itself."""
+    x = _batch(tiny_tok, ["[UNK]"] + SENTS, 16)
+    assert x["input_ids"][0, :3].tolist() == [tiny_tok.cls_token_id, tiny_tok.unk_token_id,
+                                              tiny_tok.sep_token_id]
+    m = tiny_model("o1")
+    for seed in range(20):
+        torch.manual_seed(seed)
+        c = m.make_c({"text": x})
+        hits = [j for j in range(1, len(SENTS) + 1) if torch.equal(c["input_ids"][0], x["input_ids"][j])
+                and torch.equal(c["attention_mask"][0], x["attention_mask"][j])]
+        assert hits                                                    # another sentence, whole
+
+
+def paper_rows(*argv: str) -> tuple[dict[str, common.PaperRow], str]:
+    """The rows of PAPER_ROWS a command's flags select, by label, and the note (common.select_rows)."""
+    picked, note = common.select_rows(common.parse_args(conisi.Args, list(argv)), conisi.PAPER_ROWS)
+    return dict(picked), note
+
+
+def averages(*argv: str) -> dict[str, float]:
+    return {label: r.figures["avg"] for label, r in paper_rows(*argv)[0].items()}
+
+
+def test_paper_rows_per_lam_strategy_and_model():
+    rows, note = paper_rows()
+    assert note == "" and sorted(rows) == ["Tab. 4 ConIsI-s-BERT_base", "Tab. 5 ConIsI-s-BERT_base",
+                                           "Tab. 6 ConIsI-s-BERT_base",
+                                           "Tab. 7 ConIsI-s-BERT_base, lam = 0.8"]
+    row = rows["Tab. 4 ConIsI-s-BERT_base"].figures
+    assert row["avg"] == 78.30 and row["STSBenchmark"] == 82.15
     assert np.mean([row[t] for t in common.STS_TASKS]) == pytest.approx(78.30, abs=0.01)
-    assert conisi.paper_numbers("o1", 0.8)[0] == {"avg": 77.14}
-    assert conisi.paper_numbers("o2", 0.8)[0] == {"avg": 77.35}
-    assert conisi.paper_numbers("o2", 0.0)[0] == {"avg": 77.00}
-    assert conisi.paper_numbers("s", 0.5)[0] == {"avg": 78.03}
-    assert conisi.paper_numbers("o1", 0.5)[0] is None
-    assert conisi.paper_numbers("s", 1.0) == ({"avg": 67.68}, "paper lam 1")   # Tab. 5, w/o contrastive
-    assert conisi.paper_numbers("s", 0.1, "roberta-base")[0] == {"avg": 77.34}  # Tab. 4/6, Tab. 3's lam
-    assert conisi.paper_numbers("o1", 0.1, "/models/roberta-base")[0] == {"avg": 78.35}
-    assert conisi.paper_numbers("s", 0.8, "roberta-base")[0] is None           # not reported
-    names = {conisi.paper_numbers(s, lam, m)[1] for s in ("s", "o1", "o2") for m in ("bert", "roberta-base")
-             for lam in (0.0, 0.1, 0.5, 0.8, 1.0)}
-    assert max(map(len, names)) <= 14                                   # format_sts_table's column
+    assert all(r.headline() == [78.30] for r in rows.values())
+    assert averages("--strategy", "o1") == {"Tab. 6 ConIsI-o1-BERT_base": 77.14}
+    assert averages("--strategy", "o2") == {"Tab. 6 ConIsI-o2-BERT_base": 77.35}
+    lam0 = {"Tab. 5 w/o fine-grained classification loss": 77.00, "Tab. 7 ConIsI-s-BERT_base, lam = 0": 77.00}
+    assert averages("--lam", "0") == lam0
+    assert averages("--strategy", "o2", "--lam", "0") == lam0            # lam 0: c_i plays no part
+    assert averages("--lam", "0.5") == {"Tab. 7 ConIsI-s-BERT_base, lam = 0.5": 78.03}
+    assert averages("--strategy", "o1", "--lam", "0.5") == {}
+    assert averages("--lam", "1") == {"Tab. 5 w/o contrastive loss": 67.68}   # Tab. 5, w/o contrastive
+    roberta_s = {"Tab. 4 ConIsI-s-RoBERTa_base": 77.34, "Tab. 6 ConIsI-s-RoBERTa_base": 77.34}
+    assert averages("--model", "roberta-base", "--lam", "0.1") == roberta_s   # Tab. 3's lam
+    assert averages("--model", "/models/roberta-base", "--lam", "0.1", "--strategy", "o1") == {
+        "Tab. 6 ConIsI-o1-RoBERTa_base": 78.35}
+    assert averages("--model", "roberta-base") == {}                     # not reported at lam 0.8
+    assert averages("--model", "bert-large-uncased", "--max_len", "28", "--lam", "0.1") == {
+        "Tab. 4 ConIsI-s-BERT_large": 79.55}
+    assert averages("--model", "bert-large-uncased", "--lam", "0.1") == {}   # Tab. 3: max_len 28
+    assert paper_rows("--lam", "0.15") == ({}, "the paper reports no row for --lam 0.15")
+    assert paper_rows("--bn", "separate") == ({}, "the paper reports no row for --bn separate")
+    # the o1 / o2 rows say that their lam is our reading, the lam 0 stand-ins that c_i plays no part
+    assert "our reading" in paper_rows("--model", "roberta-base", "--lam", "0.1", "--strategy", "o2")[0][
+        "Tab. 6 ConIsI-o2-RoBERTa_base"].note
+    assert all("no c_i" in r.note for r in paper_rows("--strategy", "o1", "--lam", "0")[0].values())
+    # a model the paper did not train shows BERT-base's rows, labelled so
+    rows, note = paper_rows("--model", "sentence-transformers/all-MiniLM-L6-v2", "--lam", "1")
+    assert list(rows) == ["Tab. 5 w/o contrastive loss [paper: bert-base-uncased]"] and "not a model" in note
+
+
+def test_paper_rows_are_the_papers_tables():
+    """Every 7-task row averages to its published Avg. (Tab. 4 rounds each figure to 0.01), and
+    the rows of one table agree where they are the same run (Tab. 4, 5, 6 and 7's ConIsI-s)."""
+    for r in conisi.PAPER_ROWS:
+        tasks = [r.figures[t] for t in common.STS_TASKS if t in r.figures]
+        assert not tasks or (len(tasks) == 7 and np.mean(tasks) == pytest.approx(r.figures["avg"], abs=0.01))
+    assert {(r.table, r.figures["avg"]) for r in conisi.PAPER_ROWS if r.flags.get("lam", 0.8) == 0.8
+            and r.flags.get("strategy", "s") == "s" and not r.model} == {
+        ("Tab. 4", 78.30), ("Tab. 5", 78.30), ("Tab. 6", 78.30), ("Tab. 7", 78.30)}
+
+
+def test_paper_row_labels_fit_the_final_table():
+    """Each label a run can print is shown whole, and the figures stay in their columns, for
+    every strategy, model and lam the rows cover."""
+    res = {**{t: {"spearman": 50.0} for t in common.STS_TASKS}, "avg": 50.0}
+    for strategy in ("s", "o1", "o2"):
+        for model in ("bert-base-uncased", "roberta-base", "bert-large-uncased", "all-MiniLM-L6-v2"):
+            for lam in ("0", "0.1", "0.5", "0.8", "1"):
+                rows, _ = paper_rows("--strategy", strategy, "--model", model, "--lam", lam,
+                                     *(["--max_len", "28"] if model == "bert-large-uncased" else []))
+                table = common.format_sts_table(res, [(label, r.figures) for label, r in rows.items()])
+                lines = table.splitlines()[:-1]
+                assert len({len(line) for line in lines}) == 1, table
+                assert all(any(line.startswith(label + " ") for line in lines) for label in rows)
 
 
 # ------------------------------------------------------------------------------------
@@ -571,15 +706,24 @@ def _run(tiny_bert, wiki_head, sts_dir, out, cache_dir, *extra):
 def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    extra = ["--strategy", strategy]
+    extra = ["--strategy", strategy, "--batch_size", "64", "--max_len", "32"]   # Tab. 3's: rows print
     if strategy == "o2":
         table = tmp_path / "ant.tsv"
         table.write_text("good\tbad\nlarge\tsmall\nfirst\tlast\nnew\told\nhigh\tlow\n", encoding="utf-8")
         extra += ["--antonyms", str(table)]
     res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, *extra)
     out = capsys.readouterr().out
-    assert f"paper ({strategy})" in out and "this run" in out
-    recs = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    label = f"Tab. 6 ConIsI-{strategy}-BERT_base [paper: bert-base-uncased]"   # the tiny BERT stands in
+    assert label in out and "this run" in out
+    line = next(line for line in out.splitlines() if line.startswith(label))
+    assert line.split()[-1] == {"s": "78.30", "o1": "77.14", "o2": "77.35"}[strategy]
+    if strategy == "s":  # the default run: Tab. 4's 7 tasks beside its own, Tab. 5 and 7's rows too
+        tab4 = next(line for line in out.splitlines() if line.startswith("Tab. 4 ConIsI-s-BERT_base"))
+        assert tab4.split()[-8:] == "70.92 84.35 76.67 83.53 78.94 82.15 71.55 78.30".split()
+        assert "Tab. 5 ConIsI-s-BERT_base" in out and "Tab. 7 ConIsI-s-BERT_base, lam = 0.8" in out
+    saved = json.loads((tmp_path / "run" / "best" / "test_metrics.json").read_text())
+    assert label in [r["label"] for r in saved["paper_rows"]]
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("stsb_dev" in r for r in recs)
     train = [r for r in recs if "loss" in r]
     assert train and all(math.isfinite(r["loss"]) and "loss_interactive" in r for r in train)
@@ -599,9 +743,11 @@ def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir
 def test_end_to_end_tab5_ablations(lam, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
     """Tab. 5's two rows run end to end: --lam 0 (no Z: only the contrastive loss is logged, and
     it is the loss) and --lam 1 (the contrastive loss has weight 0 but is still logged)."""
-    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, "--lam", lam)
-    assert f"paper lam {lam}" in capsys.readouterr().out and res["test"] is not None
-    recs = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, "--lam", lam,
+               "--batch_size", "64", "--max_len", "32")                # Tab. 3's: the rows print
+    name = {"0": "w/o fine-grained classification loss", "1": "w/o contrastive loss"}[lam]
+    assert f"Tab. 5 {name} [paper: bert-base-uncased]" in capsys.readouterr().out and res["test"] is not None
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "loss" in r]
     assert train and all(math.isfinite(r["loss"]) for r in train)
     for r in train:

@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import need_shared
 
 import common
 import rcl
 import simcse
-from conftest import need_shared
-
 
 # ------------------------------------------------------------------------------------
 # Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)
@@ -209,18 +208,18 @@ def test_early_stop_patience():
     stop = rcl.early_stop(3, 50)
     assert stop.every == 50
     losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
-    fired = [stop(s, l) for s, l in enumerate(losses, 1)]
+    fired = [stop(s, x) for s, x in enumerate(losses, 1)]
     # 3.9 at evaluation 5 is the last decrease; 6, 7, 8 do not beat it -> stop at evaluation 8
     assert fired == [False] * 7 + [True]
     stop = rcl.early_stop(1, 50)
-    assert [stop(s, l) for s, l in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
+    assert [stop(s, x) for s, x in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
     assert rcl.early_stop(0, 50) is None
 
 
 def test_early_stop_state_round_trip():
     losses = [5.0, 4.0, 4.5, 4.6, 4.7]
     a = rcl.early_stop(3, 10)
-    fired = [a(s, l) for s, l in enumerate(losses, 1)]
+    fired = [a(s, x) for s, x in enumerate(losses, 1)]
     b = rcl.early_stop(3, 10)
     b.load_state_dict(a.state_dict())
     # 4.0 at evaluation 2 still the best; 3, 4, 5 did not beat it: a and b both fire now
@@ -276,7 +275,7 @@ def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wi
     res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "run", cache_dir, losses,
                           lambda step, loss: seen.append((step, loss)) or step == 25, log_every=4)
     assert [s for s, _ in seen] == [10, 20, 25]
-    assert [l for _, l in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
+    assert [x for _, x in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
     recs = _records(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in recs if "loss" in r] == [4, 8, 10, 12, 16, 20, 24, 25]
     assert [r["step"] for r in recs if "stsb_dev" in r] == [10, 20, 25]
@@ -288,7 +287,7 @@ def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_h
     reading of "3 steps") training stops at step 4; compared as interval means at evaluations
     it trains on while the mean falls, and still stops on a plateau."""
     old = rcl.early_stop(3, 10)
-    assert next(s for s, l in enumerate(_batches(FALLING), 1) if old(s, l)) == 4
+    assert next(s for s, x in enumerate(_batches(FALLING), 1) if old(s, x)) == 4
     res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "falling", cache_dir,
                           _batches(FALLING), rcl.early_stop(3, 10))
     assert res["steps"] == 60 and not res["stopped_early"]
@@ -304,7 +303,8 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wi
     """last/ records that should_stop ended training: a run killed after that checkpoint (before
     RCL writes DONE.json, say) resumes as stopped, and trains no step more."""
     out = tmp_path / "plateau"
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU), rcl.early_stop(3, 10))
+    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU),
+                          rcl.early_stop(3, 10))
     assert res["steps"] == 50 and res["stopped_early"]
     log = (out / "metrics.jsonl").read_text()
     args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
@@ -313,7 +313,8 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wi
     tok, enc = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
     model = Scripted(enc, _batches(PLATEAU))
-    res = common.train(args, model, data, tok, args.pooler, should_stop=rcl.early_stop(3, 10), final_eval=False)
+    res = common.train(args, model, data, tok, args.pooler, should_stop=rcl.early_stop(3, 10),
+                       final_eval=False)
     assert res["steps"] == 50 and res["stopped_early"] and model.t == 0
     assert (out / "metrics.jsonl").read_text() == log
 
@@ -381,7 +382,8 @@ def test_models_wiring(tiny_bert):
         assert torch.allclose(ind, torch.cat([emb(enc, "sent1"), emb(enc, "hard_neg")]), atol=1e-5)
         loss, stats = model(batch)
         want = rcl.regularized_loss(emb(enc, "sent0"), torch.cat([emb(enc, "sent1"), emb(enc, "hard_neg")]),
-                                    [emb(f, "sent0") for f in frozen], [emb(f, "sent1") for f in frozen], 0.05)
+                                    [emb(f, "sent0") for f in frozen], [emb(f, "sent1") for f in frozen],
+                                    0.05)
         assert torch.allclose(loss, want, atol=1e-5)
         assert stats["regulators"].item() > 0
 
@@ -434,7 +436,7 @@ def _common_flags(tiny_bert, sts_dir, out, cache_dir, extra=()):
 
 
 def _records(path):
-    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def _check_best_loads(best, pooler):
@@ -457,7 +459,8 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, 
     starts, columns, real_train = [], [], common.train
 
     def spy(args, model, data, tokenizer, pooler, **kw):
-        same = all(torch.equal(v, original[k]) for k, v in model.encoder.state_dict().items() if k in original)
+        same = all(torch.equal(v, original[k]) for k, v in model.encoder.state_dict().items()
+                   if k in original)
         starts.append((type(model).__name__, same, getattr(model, "entropy_encoders", None)))
         columns.append(sorted(data))
         res = real_train(args, model, data, tokenizer, pooler, **kw)
@@ -637,7 +640,8 @@ def test_regulator_terms_match_loop():
     less its contrastive term."""
     n, d, tau = 5, 6, 0.1
     q, ind = _rand(n, d, seed=80), _rand(2 * n, d, seed=81)
-    aug_q, aug_ind = [_rand(n, d, seed=82 + i) for i in range(2)], [_rand(n, d, seed=84 + i) for i in range(2)]
+    aug_q = [_rand(n, d, seed=82 + i) for i in range(2)]
+    aug_ind = [_rand(n, d, seed=84 + i) for i in range(2)]
     terms = rcl.regulator_terms(q, ind, aug_q, aug_ind, tau)
     for (t_q, t_ind), a_q, a_ind in zip(terms, aug_q, aug_ind):
         assert close(t_q, sum(_row_ce(q[i], list(a_q), i, tau) for i in range(n)) / n)
@@ -663,7 +667,7 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
     spy.every = stop.every
     res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, spy, eval_every=20)
     assert [s for s, _ in seen] == [5, 10, 15, 20, 25]
-    assert [l for _, l in seen] == pytest.approx(means[:5])
+    assert [x for _, x in seen] == pytest.approx(means[:5])
     assert res["steps"] == 25 and res["stopped_early"] and res["total"] == 40
     recs = _records(out / "metrics.jsonl")
     assert [r["step"] for r in recs if "stsb_dev" in r] == [20, 25]
@@ -671,7 +675,8 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
     state = torch.load(out / "last" / "state.pt", weights_only=False)
     assert state["step"] == 25 and state["stopped_early"]
     args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
-                    cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=40, eval_every=20, resume=True)
+                    cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=40, eval_every=20,
+                    resume=True)
     tok, enc = common.load_encoder(args.model)
     model = Scripted(enc, losses)
     again = common.train(args, model, common.tokenize_columns(args, tok, common.load_columns(args.data)), tok,
@@ -679,7 +684,8 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
     assert again["steps"] == 25 and again["stopped_early"] and model.t == 0
 
 
-def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, tmp_path, cache_dir,
+                                                          monkeypatch):
     """--regulate_with best: stage 2 holds each entropy model's best/ weights;
     --final_hard_negatives: the final model sees the contradictions too."""
     out = tmp_path / "run"
@@ -718,8 +724,8 @@ def test_final_model_without_hard_negatives_is_eq3(tiny_bert):
         au_q, au_ind = (rcl.embed(frozen[0], "avg", [batch[c]]) for c in ("sent0", "sent1"))
         assert torch.allclose(without, rcl.regularized_loss(q, pos, [au_q], [au_ind], 0.05), atol=1e-5)
         with_neg, _ = model(batch)
-        assert torch.allclose(with_neg, rcl.regularized_loss(q, torch.cat([pos, neg]), [au_q], [au_ind], 0.05),
-                              atol=1e-5)
+        want = rcl.regularized_loss(q, torch.cat([pos, neg]), [au_q], [au_ind], 0.05)
+        assert torch.allclose(with_neg, want, atol=1e-5)
     assert not torch.allclose(with_neg, without)
     assert {"contrastive", "regulators", "reg_q_phi0.01", "reg_ind_phi0.01"} == set(stats)
 
@@ -738,3 +744,59 @@ def test_summary_shows_each_row_entropy_beside_the_phi_zero_model():
     assert "1.2000 -> 1.0000" in best[3] and "80.00 -> 81.00" in best[3] and "+0.0000" in best[3]
     alone = rcl.summary_table(recs[1:]).splitlines()      # no phi = 0 model: nothing to compare with
     assert all(line.split()[4] == "-" for line in alone[2:])
+
+
+# ------------------------------------------------------------------------------------
+# The paper's rows a command selects (PAPER_ROWS through common.select_rows), and a run's end
+# ------------------------------------------------------------------------------------
+
+def paper_rows(*argv: str) -> tuple[dict[str, common.PaperRow], str]:
+    picked, note = common.select_rows(common.parse_args(rcl.Args, list(argv)), rcl.PAPER_ROWS)
+    return dict(picked), note
+
+
+def test_paper_rows_per_phi_and_data():
+    rows, note = paper_rows()                                          # the default: 4 phis on NLI
+    assert note == "" and sorted(rows) == ["Tab. 3 RCL(ours)",
+                                           "Tab. 4 Number of Regulator: 8 (phi = 0.01, 0.02, 0.03, 0.04)"]
+    tab3 = rows["Tab. 3 RCL(ours)"].figures
+    assert tab3["avg"] == 82.40 and tab3["STSBenchmark"] == 84.85
+    assert np.mean([tab3[t] for t in common.STS_TASKS]) == pytest.approx(82.40, abs=0.01)
+    assert all(r.headline() == [82.40] and "nli_for_simcse.csv" in r.note for r in rows.values())
+    avg = {phi: {label: r.figures["avg"] for label, r in paper_rows("--phi", *phi.split())[0].items()}
+           for phi in ("0.01", "0.01 0.02", "0.01 0.02 0.03", "0.01 0.02 0.03 0.04 0.05")}
+    assert avg == {"0.01": {"Tab. 4 Number of Regulator: 2 (phi = 0.01)": 81.47},
+                   "0.01 0.02": {"Tab. 4 Number of Regulator: 4 (phi = 0.01, 0.02)": 81.98},
+                   "0.01 0.02 0.03": {"Tab. 4 Number of Regulator: 6 (phi = 0.01, 0.02, 0.03)": 82.29},
+                   "0.01 0.02 0.03 0.04 0.05": {
+                       "Tab. 4 Number of Regulator: 10 (phi = 0.01, 0.02, 0.03, 0.04, 0.05)": 82.42}}
+    assert paper_rows("--phi", "0.02", "0.01")[0] == {}                # Tab. 4's phis, in its order
+    assert paper_rows("--data", "/mnt/nli/nli_for_simcse.csv")[0].keys() == rows.keys()   # by name
+    # no row: the controls the paper does not give, a text file (the unsupervised form), another CSV
+    for argv in (["--phi"], ["--phi", "0", "0.01", "0.02", "0.03", "0.04"],
+                 ["--data", "data/wiki1m_for_simcse.txt"], ["--data", "data/nli_sample.csv"],
+                 ["--lr", "3e-5"], ["--final_hard_negatives"]):
+        picked, note = paper_rows(*argv)
+        assert picked == {} and note.startswith("the paper reports no row"), argv
+    assert paper_rows("--phi")[1].endswith("--phi")
+    # a model the paper did not train shows SRoBERTa-base's rows, labelled so
+    rows, note = paper_rows("--model", "sentence-transformers/all-MiniLM-L6-v2", "--phi", "0.01")
+    assert list(rows) == ["Tab. 4 Number of Regulator: 2 (phi = 0.01) [paper: "
+                          "sentence-transformers/nli-roberta-base-v2]"] and "not a model" in note
+
+
+def test_end_to_end_prints_its_paper_row(tiny_bert, small_sts, tmp_path, cache_dir, capsys):
+    """A tiny run of both stages at the paper's settings (batch 64, the defaults) on a file named
+    as SimCSE's NLI triplets ends with Tab. 4's row for its phi beside its own figures."""
+    data = tmp_path / "nli_for_simcse.csv"                             # the rows need this CSV
+    data.write_text(need_shared("data", "nli_sample.csv").read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "run"
+    rcl.main(["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
+              "--output_dir", str(out), "--cache_dir", str(cache_dir), "--max_steps", "2", "--phi", "0.01"])
+    printed = capsys.readouterr().out
+    label = "Tab. 4 Number of Regulator: 2 (phi = 0.01) [paper: sentence-transformers/nli-roberta-base-v2]"
+    line = next(line for line in printed.splitlines() if line.startswith(label))
+    assert line.split()[-1] == "81.47" and "this run" in printed
+    assert f"({label}: on the NLI triplets (nli_for_simcse.csv)" in printed
+    saved = json.loads((out / "best" / "test_metrics.json").read_text())
+    assert [r["label"] for r in saved["paper_rows"]] == [label]
