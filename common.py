@@ -52,7 +52,7 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm  # comes with transformers
 
 try:
-    import fcntl                       # POSIX: the run-folder lock (hold_run_folder)
+    import fcntl  # POSIX: the run-folder lock (hold_run_folder)
 except ImportError:                    # Windows
     fcntl = None
 

@@ -146,8 +146,8 @@ def test_batch_plan_and_batch_size_checks():
 
 
 def test_concat_batches_pads_to_widest():
-    a = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
-    b = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    a = {k: torch.ones(2, 3, dtype=torch.long) for k in ("input_ids", "attention_mask")}
+    b = {k: torch.ones(2, 5, dtype=torch.long) for k in ("input_ids", "attention_mask")}
     c = common.concat_batches([a, b])
     assert c["input_ids"].shape == (4, 5) and c["attention_mask"][:2, 3:].sum() == 0
     r = common.concat_batches([a, b], pad_id=1)       # RoBERTa's <pad>; the mask still pads with 0
@@ -260,7 +260,8 @@ def test_real_sts_pair_counts(sts_dir):
     for task in common.STS_SUBSETS:
         subs = common.load_sts_pairs(sts_dir, task)
         assert [len(g) for _, _, g in subs.values()] == common.STS_PAIR_COUNTS[task]
-        assert {k: len(v[2]) for k, v in subs.items()} == {k: v for k, v in counts[task].items() if k != "TOTAL"}
+        per_subset = {k: v for k, v in counts[task].items() if k != "TOTAL"}
+        assert {k: len(v[2]) for k, v in subs.items()} == per_subset
         assert sum(len(g) for _, _, g in subs.values()) == counts[task]["TOTAL"]
     for task in ("STSBenchmark", "SICKRelatedness"):
         for split in ("train", "dev", "test"):
@@ -474,13 +475,14 @@ def test_common_reads_top_down_for_a_reader():
     The step is one function of at most 30 lines in nanoGPT's order, directly above train()."""
     import ast
     import inspect
+
     from conftest import ROOT
     lines = (ROOT / "common.py").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 1500
     banners = [i for i, line in enumerate(lines, 1) if line.startswith("# Infrastructure")]
     assert len(banners) == 1 and banners[0] <= 1000, banners
-    titles = [line[2:] for i, line in enumerate(lines) if 0 < i < banners[0] and lines[i - 1].startswith("# ===")
-              and not line.startswith("# ===")]
+    titles = [line[2:] for i, line in enumerate(lines)
+              if 0 < i < banners[0] and lines[i - 1].startswith("# ===") and not line.startswith("# ===")]
     assert [next(s for s in READER_SECTIONS if t.startswith(s)) for t in titles] == READER_SECTIONS, titles
     source = inspect.getsource(common.train_step)
     assert len(source.splitlines()) <= 30
@@ -497,8 +499,10 @@ def test_the_house_has_no_import_circle():
     """Arrows run one way: common imports no script or tool, no method script imports another,
     and no two files of the project import each other, directly or through others."""
     import ast
+
     from conftest import ROOT
-    files = {p.stem: p for p in ROOT.glob("*.py")} | {f"tools.{p.stem}": p for p in (ROOT / "tools").glob("*.py")}
+    files = {p.stem: p for p in ROOT.glob("*.py")}
+    files |= {f"tools.{p.stem}": p for p in (ROOT / "tools").glob("*.py")}
     graph = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 
 import common
+from conftest import ROOT
 from tools import compare as tool
 
 TASKS = common.STS_TASKS

@@ -151,8 +151,9 @@ def _batch(tok, texts, max_len):
 
 @pytest.mark.parametrize("which", ["tiny", "minilm"])
 def test_compose_pairs_is_the_tokenizers_pair_form(which, tiny_tok):
-    from conftest import need_shared
     from transformers import AutoTokenizer
+
+    from conftest import need_shared
     tok = tiny_tok if which == "tiny" else AutoTokenizer.from_pretrained(
         str(need_shared("models", "all-MiniLM-L6-v2")))
     tpl = conisi.pair_template(tok)
@@ -188,8 +189,9 @@ def test_compose_pairs_docstring_example(tiny_tok):
     uncased vocabulary) the example's x_i and template are also what the tokenizer gives."""
     import re
 
-    from conftest import need_shared
     from transformers import AutoTokenizer
+
+    from conftest import need_shared
     found = re.findall(r"(input_ids|token_type_ids|attention_mask) \[([\d, ]+)\]",
                        conisi.compose_pairs.__doc__)
     assert [k for k, _ in found] == ["input_ids", "attention_mask", "input_ids", "token_type_ids",

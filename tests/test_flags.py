@@ -23,14 +23,16 @@ SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "coni
 
 # (flags, regex the message must match); {x} are filled in per test
 SHARED = [
-    (["--max_len", "0"], r"--max_len 0: must be >= 1\. Pass a value in range, e\.g\. the default --max_len 32"),
+    (["--max_len", "0"], r"--max_len 0: must be >= 1\. Pass a value in range, e\.g\. the default "
+                         r"--max_len 32"),
     (["--max_len", "1000"], r"--max_len 1000: .*tiny_bert0 has.*256.*Pass --max_len (256|128) or less"),
     (["--lr", "-1"], r"--lr -1\.0: must be > 0\. .*the default --lr "),
     (["--lr", "0"], r"--lr 0\.0: must be > 0"),
     (["--epochs", "0", "--max_steps", "0"], r"--epochs 0: train at least one epoch, or give --max_steps N"),
     (["--max_steps", "-5"], r"--max_steps -5: must be >= 0"),
     (["--batch_size", "0"], r"--batch_size 0: must be >= [12]"),
-    (["--batch_size", "100000"], r"--batch_size 100000 is larger than the data \(\d+ examples in --data .*\)\. "
+    (["--batch_size", "100000"], r"--batch_size 100000 is larger than the data \(\d+ examples in --data "
+                                 r".*\)\. "
                                  r"Lower --batch_size to at most \d+"),
     (["--seed", "-1"], r"--seed -1: must be >= 0"),
     (["--log_every", "0"], r"--log_every 0: must be >= 1"),
@@ -38,7 +40,8 @@ SHARED = [
     (["--max_grad_norm", "-1"], r"--max_grad_norm -1\.0: must be >= 0"),
     (["--tau", "0"], r"--tau 0\.0: must be > 0"),
     (["--tau", "-0.05"], r"--tau -0\.05: must be > 0"),
-    (["--sts_dir", "{tmp}/no-sts"], r"--sts_dir .*no-sts: expected STS/ and SICK/ inside.*python common\.py download"),
+    (["--sts_dir", "{tmp}/no-sts"], r"--sts_dir .*no-sts: expected STS/ and SICK/ inside.*python "
+                                    r"common\.py download"),
     (["--data", "{tmp}/missing.txt"], r"--data .*missing\.txt: no such file"),
     (["--data", "{tmp}/empty.txt"], r"--data .*empty\.txt: the file has no sentences"),
     (["--data", "{tmp}/latin1.txt"], r"--data .*latin1\.txt: line 2 is not UTF-8.*iconv"),
@@ -48,30 +51,39 @@ SHARED = [
 ]
 EVAL_EVERY = (["--eval_every", "0"], r"--eval_every 0: must be >= 1")
 OWN = {
-    "simcse": [EVAL_EVERY, (["--tau", "-1"], r"--tau -1\.0: must be > 0\. The paper's Tab\. D\.1 tries 0\.001 to 1"),
-               (["--no_mlp", "--pooler", "cls"], r"--no_mlp with --pooler cls: .*--pooler cls_before_pooler")],
-    "focal_infonce": [EVAL_EVERY, (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: Focal-InfoNCE is unsupervised"),
-                      (["--m", "-2"], r"--m -2\.0: must be >= 0\. .*the paper uses 0\.1 to 0\.4 \(Tab\. 5\)\. "
+    "simcse": [EVAL_EVERY, (["--tau", "-1"], r"--tau -1\.0: must be > 0\. The paper's Tab\. D\.1 tries "
+                                             r"0\.001 to 1"),
+               (["--no_mlp", "--pooler", "cls"], r"--no_mlp with --pooler cls: .*--pooler "
+                                                 r"cls_before_pooler")],
+    "focal_infonce": [EVAL_EVERY, (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: Focal-InfoNCE is "
+                                                                  r"unsupervised"),
+                      (["--m", "-2"], r"--m -2\.0: must be >= 0\. .*the paper uses 0\.1 to 0\.4 \(Tab\. "
+                                      r"5\)\. "
                                       r"Pass a value in range, e\.g\. the default --m 0\.3"),
                       (["--m", "1"], r"--m 1\.0: must be < 1\."),
                       (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's Tab\. 4 tries 0\.03 to 0\.1")],
     "ifcl": [EVAL_EVERY,
              (["--dropout", "1"], r"--dropout 1\.0: must be < 1\. A rate; the paper uses 0\.15"),
-             (["--eps", "1.5"], r"--eps 1\.5: must be <= 1\. Eq\. \(3\) mixes the two embeddings; the paper uses 0\.9"),
+             (["--eps", "1.5"], r"--eps 1\.5: must be <= 1\. Eq\. \(3\) mixes the two embeddings; the "
+                                r"paper uses 0\.9"),
              (["--lam", "-0.1"], r"--lam -0\.1: must be >= 0\. The paper uses 0\.002"),
-             (["--queue_len", "-8"], r"--queue_len -8: must be >= 0\. The paper uses 416 and tries 320 to 512"),
+             (["--queue_len", "-8"], r"--queue_len -8: must be >= 0\. The paper uses 416 and tries 320 to "
+                                     r"512"),
              (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper uses 0\.05"),
              (["--omega_a", "1.5"], r"--omega_a 1\.5: must be <= 1\. A cosine similarity"),
              (["--omega_b", "-2"], r"--omega_b -2\.0: must be >= -1\. A cosine similarity"),
-             (["--margin", "fixed", "--omega_a", "0.5"], r"--omega_a 0\.5 below --omega_b 0\.8: the identical twins"),
+             (["--margin", "fixed", "--omega_a", "0.5"], r"--omega_a 0\.5 below --omega_b 0\.8: the "
+                                                         r"identical twins"),
              (["--lam", "0.5"], r"--queue_len 20 with --lam 0\.5 and --batch_size 8: every forgetting "
                                 r"coefficient 1 - lam\*ceil\(m/N\) must be positive"),
              (["--data", "{tmp}/pairs.csv"], r"--data .*pairs\.csv: IFCL is unsupervised")],
     "conisi": [EVAL_EVERY,
                (["--batch_size", "1"], r"--batch_size 1: must be >= 2"),
                (["--lam", "1.5"], r"--lam 1\.5: must be <= 1\. Eq\. \(10\) is a convex combination"),
-               (["--replace_share", "-0.5"], r"--replace_share -0\.5: must be >= 0\. A share; the paper gives none"),
-               (["--random_share", "2"], r"--random_share 2\.0: must be <= 1\. A probability; the paper uses 0\.8"),
+               (["--replace_share", "-0.5"], r"--replace_share -0\.5: must be >= 0\. A share; the paper "
+                                             r"gives none"),
+               (["--random_share", "2"], r"--random_share 2\.0: must be <= 1\. A probability; the paper "
+                                         r"uses 0\.8"),
                (["--dropout", "1"], r"--dropout 1\.0: must be < 1\. The paper uses 0\.1"),
                (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper uses 0\.05 \(Sec\. 4\.3\)"),
                (["--max_len", "200"], r"--max_len 200: the pairs Y and Z need up to 400 positions, more "
@@ -80,9 +92,12 @@ OWN = {
     "rcl": [(["--eval_every", "-1"], r"--eval_every -1: must be >= 0"),
             (["--patience", "-1"], r"--patience -1: must be >= 0"),
             (["--final_hard_negatives"], r"--final_hard_negatives: --data .* has no hard_neg column"),
-            (["--stop_every", "0"], r"--stop_every 0: must be >= 1\. Pass a value in range, e\.g\. the default --stop_every 50"),
-            (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's equations have no temperature; ours is 0\.05"),
-            (["--phi", "0.01", "0.01"], r"--phi 0\.01 0\.01: each value trains one entropy model; give every value once")],
+            (["--stop_every", "0"], r"--stop_every 0: must be >= 1\. Pass a value in range, e\.g\. the "
+                                    r"default --stop_every 50"),
+            (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's equations have no temperature; ours "
+                             r"is 0\.05"),
+            (["--phi", "0.01", "0.01"], r"--phi 0\.01 0\.01: each value trains one entropy model; give "
+                                        r"every value once")],
 }
 CASES = [(s, flags, msg) for s in SCRIPTS for flags, msg in SHARED + OWN[s]]
 

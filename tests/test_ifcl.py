@@ -16,11 +16,11 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
 
 import common
 import ifcl
 import simcse
+from conftest import ROOT
 from tools import translate
 
 TAU = 0.05

@@ -101,11 +101,12 @@ def _driver(plan_path: str) -> None:
     """Run plan["runs"] one after another, each in a forked child; write each exit status
     (-9 for a SIGKILL) to plan["codes"]."""
     sys.path.insert(0, str(ROOT))
+    # what transformers imports lazily on the first load of a BERT: once here, not per child
+    from transformers import AutoModel, AutoTokenizer, BertModel, BertTokenizerFast  # noqa: F401
+
     import common
     import rcl
     import simcse
-    # what transformers imports lazily on the first load of a BERT: once here, not per child
-    from transformers import AutoModel, AutoTokenizer, BertModel, BertTokenizerFast  # noqa: F401
     mains = {"simcse": simcse.main, "rcl": rcl.main}
     plan = json.loads(Path(plan_path).read_text())
     codes = []
@@ -183,7 +184,8 @@ def _same_weights(got: Path, ref: Path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModel
     AutoModel.from_pretrained(got / "best")
-    a, b = load_file(str(got / "best" / "model.safetensors")), load_file(str(ref / "best" / "model.safetensors"))
+    a = load_file(str(got / "best" / "model.safetensors"))
+    b = load_file(str(ref / "best" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((got / "best" / "dev_metrics.json").read_text()) == \
         json.loads((ref / "best" / "dev_metrics.json").read_text())

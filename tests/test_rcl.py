@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import need_shared
 
 import common
 import rcl
 import simcse
+from conftest import need_shared
 
 # ------------------------------------------------------------------------------------
 # Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)

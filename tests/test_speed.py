@@ -48,7 +48,7 @@ def _step_fn(model, opt, sched, device, max_grad_norm=1.0, world_size=1, compile
 def _losses(compile_, device, steps=4):
     model = _tiny_simcse().to(device)
     params = [p for p in model.parameters()]
-    opt, sched = common.make_optimizer(params, 1e-3, 0.0, 10**9, torch.device(device))   # as train() builds them
+    opt, sched = common.make_optimizer(params, 1e-3, 0.0, 10**9, torch.device(device))   # as train() does
     step = _step_fn(model, opt, sched, device, compile=compile_)
     out = []
     for i in range(steps):
@@ -127,10 +127,13 @@ def test_the_cuda_path_simulated_on_cpu(world_size, monkeypatch):
     real_clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
-                        lambda params, max_norm, **kw: clips.append(max_norm) or real_clip(params, max_norm, **kw))
+    def clip(params, max_norm, **kw):
+        clips.append(max_norm)
+        return real_clip(params, max_norm, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     model = _tiny_simcse()
-    opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3, fused=True)   # as make_optimizer builds it on CUDA
+    opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3, fused=True)   # make_optimizer's on CUDA
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
     step = _step_fn(model, opt, sched, "cuda", 0.5, world_size, compile=True)
     with warnings.catch_warnings():

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import common
-import ifcl
 from conftest import ROOT
 from tools import translate
 
@@ -235,7 +234,8 @@ def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, pa
                     "--sts_dir", str(small_sts), "--batch_size", "8")
     err = run_killed(tmp_path, "slow", 0, "ifcl", argv, wait_for=lambda: part.exists())
     assert "translating" in err and not final.exists() and part.exists()
-    translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--cache_dir", str(cache)])
+    translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
+                    "--cache_dir", str(cache)])
     assert common.count_lines(final) == 48 and not part.exists()
 
 

@@ -1,7 +1,7 @@
 r"""A method's training step, timed as train() runs it, beside the plain fp32 eager step.
 
     python tools/bench.py --method simcse --config bert-base-uncased --batch_size 64 --max_len 32 \
-        --steps 300 --sts_dir ../shared/data/sts --tokenizer ../shared/models/all-MiniLM-L6-v2 --profile trace.json
+        --steps 300 --sts_dir data/sts --tokenizer bert-base-uncased --profile trace.json
 
 The encoder has random weights (a step costs the same as with real ones), built from a known
 architecture or a config.json, always in fp32 (bf16 comes from autocast on a GPU, as in
@@ -93,7 +93,7 @@ def forward_flops_per_token(config, seq_len: int) -> float:
     return 2 * non_emb + 4 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
-def build(method: str, encoder: nn.Module, cfg, args: Args) -> tuple[nn.Module, list[str], list[tuple[int, int]]]:
+def build(method: str, encoder: nn.Module, cfg, args: Args) -> tuple[nn.Module, list[str], list[tuple]]:
     """(the method's model over `encoder`, its data columns, what the encoder reads per step as
     (sentences, length) in units of (--batch_size, --max_len))."""
     if method == "simcse":
@@ -109,10 +109,10 @@ def build(method: str, encoder: nn.Module, cfg, args: Args) -> tuple[nn.Module, 
         from transformers import AutoModel
 
         import ifcl
-        bel_f = AutoModel.from_config(cfg).embeddings              # a frozen embedding layer of the same width
+        bel_f = AutoModel.from_config(cfg).embeddings          # a frozen embedding layer of the same width
         return ifcl.IFCL(encoder, bel_f, ifcl.Args(batch_size=args.batch_size, max_len=args.max_len), 0, 0), \
             ["text", "frat"], [(3, 1)]
-    import conisi   # [CLS] a [SEP] b [SEP] with BERT's ids: a random model needs no tokenizer
+    import conisi  # [CLS] a [SEP] b [SEP] with BERT's ids: a random model needs no tokenizer
     tpl = conisi.PairTemplate(1, 1, (101,), (102,), (102,), (0,), (0,), (1,), 0, 1, 0, True)
     return conisi.ConIsI(encoder, tpl, 0.05, 0.8, "s", [0, 100, 101, 102, 103], cfg.vocab_size), \
         ["text"], [(1, 1), (2, 2)]
@@ -165,23 +165,27 @@ def main(argv: list[str] | None = None) -> None:
     n = args.batch_size * (args.steps + args.warmup)
     rng = np.random.default_rng(args.seed)
     _, columns, reads = build(args.method, AutoModel.from_config(cfg), cfg, args)   # to learn the columns
-    data = {c: common.Tokens(rng.integers(1000 if cfg.vocab_size > 2000 else 5, cfg.vocab_size,
-                                          size=(n, args.max_len)).astype(np.int32), np.full(n, args.max_len, np.int32), 0)
+    low = 1000 if cfg.vocab_size > 2000 else 5                  # above the special tokens
+    data = {c: common.Tokens(rng.integers(low, cfg.vocab_size, size=(n, args.max_len)).astype(np.int32),
+                             np.full(n, args.max_len, np.int32), 0)
             for c in columns}
     plan = common.batch_plan(n, args.batch_size, args.seed, 0)
-    flops = 3 * sum(k * args.batch_size * m * args.max_len * forward_flops_per_token(cfg, m * args.max_len) for k, m in reads)
-    print(f"{args.method} on {args.config}: batch {args.batch_size}, max_len {args.max_len}, {flops / 1e12:.2f} TFLOP/step "
-          f"(3 x forward), device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+    flops = 3 * sum(k * args.batch_size * m * args.max_len * forward_flops_per_token(cfg, m * args.max_len)
+                    for k, m in reads)
+    print(f"{args.method} on {args.config}: batch {args.batch_size}, max_len {args.max_len}, "
+          f"{flops / 1e12:.2f} TFLOP/step (3 x forward), device "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
 
     def run(name: str, fast: bool) -> float:
         torch.manual_seed(args.seed)
-        model = build(args.method, AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager"),
-                      cfg, args)[0].to(device).train()
+        encoder = AutoModel.from_config(cfg, attn_implementation="sdpa" if fast else "eager")
+        model = build(args.method, encoder, cfg, args)[0].to(device).train()
         params = [p for p in model.parameters() if p.requires_grad]
         total = args.steps + args.warmup
         # the baseline's AdamW is the plain, unfused one (a CPU device asks for that)
         opt, sched = common.make_optimizer(params, 3e-5, 0.0, total, device if fast else torch.device("cpu"))
-        forward = common.CompiledModel(model, device) if fast and args.compile and device.type == "cuda" else model
+        compiled = fast and args.compile and device.type == "cuda"
+        forward = common.CompiledModel(model, device) if compiled else model
 
         def step(batch):   # the step as train() takes it
             return common.train_step(forward, batch, opt, sched, 1.0, device, amp=fast)
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
 
     fast_ms = run("project step" + (" (bf16, compiled)" if device.type == "cuda" else ""), True)
     if args.baseline:
-        print(f"speed-up over the plain fp32 eager step: {run('plain fp32 eager step', False) / fast_ms:.2f}x")
+        plain_ms = run("plain fp32 eager step", False)
+        print(f"speed-up over the plain fp32 eager step: {plain_ms / fast_ms:.2f}x")
     print(f"one epoch of 1M sentences at this speed: {1e6 / args.batch_size * fast_ms / 1e3 / 60:.1f} min "
           f"of training time")
     if args.sts_dir:

@@ -292,7 +292,8 @@ def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch
 
 
 def main(argv: list[str] | None = None) -> Path:
-    return translate_file(common.parse_args(TranslateArgs, argv, description=__doc__, prog="python tools/translate.py"))
+    args = common.parse_args(TranslateArgs, argv, description=__doc__, prog="python tools/translate.py")
+    return translate_file(args)
 
 
 if __name__ == "__main__":
