@@ -1480,9 +1480,9 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
             weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
                        for k, v in mlp.dense.state_dict().items()}
             save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
-        dump("modules.json", [{"idx": i, "name": str(i), "path": path,
+        dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
                                "type": f"sentence_transformers.models.{kind}"}
-                              for i, (path, kind) in enumerate(modules)])
+                              for i, (folder, kind) in enumerate(modules)])
         dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
                                            "do_lower_case": False})
     for name, obj in (extra or {}).items():
