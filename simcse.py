@@ -1,6 +1,7 @@
 r"""SimCSE: Simple Contrastive Learning of Sentence Embeddings.
 
 Tianyu Gao, Xingcheng Yao, Danqi Chen. EMNLP 2021. arXiv:2104.08821. BibTeX key: gao2021simcse.
+Official code: github.com/princeton-nlp/SimCSE.
 
 The baseline every other script in this repository is read against:
   - unsupervised: each sentence is encoded twice; dropout alone makes the two views differ,
@@ -9,17 +10,27 @@ The baseline every other script in this repository is read against:
   - [CLS] through an MLP in training; unsupervised evaluation uses the raw [CLS].
 
 Run:
-  python simcse.py                                   # bert-base-uncased on wiki1m (downloaded on first use)
+  python common.py download                          # data/: wiki1m, NLI CSV, sts/ (else on first use)
+  python simcse.py                                   # unsupervised bert-base-uncased on wiki1m
   python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
-  python simcse.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/english_sentences.txt \
-      --sts_dir ../shared/data/sts --output_dir runs/minilm   # the small real testbed (README)
+  python simcse.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 100 \
+      --eval_every 50                                # a short run of a small encoder (a CPU will do)
   python tools/bench.py --method simcse              # time the training step (GPU: bf16, CUDA graphs)
 The paper's ablation rows, one flag each (README.md maps every row to its command):
-  python simcse.py --tau 0.01                        # Tab. D.1: the temperature (0.001 ... 1)
+  python simcse.py --dropout 0                       # Tab. 3: the dropout p (0 ... 0.5; default 0.1)
+  python simcse.py --fixed_mask                      # Tab. 3 "Fixed 0.1": one dropout mask for both views
   python simcse.py --pooler cls                      # Tab. 6 "w/ MLP": the MLP kept for evaluation
   python simcse.py --no_mlp                          # Tab. 6 "w/o MLP": raw [CLS] in training too
   python simcse.py --pooler avg_first_last           # Tab. 6 "First-last avg.": no [CLS], no MLP
-  (the default is Tab. 6 "w/ MLP (train)"; with --data nli.csv the same flags give the "Sup." column)
+  (the default is Tab. 6 "w/ MLP (train)"; with --data data/nli_for_simcse.csv the same flags
+  give the "Sup." column, whose default is "w/ MLP")
+  python simcse.py --data data/nli_for_simcse.csv --alpha 2       # Tab. 7: the paired hard negative's weight
+  python simcse.py --data data/nli_for_simcse.csv --no_hard_neg   # Tab. 7 "N/A": Tab. 4's entailment pairs
+  python simcse.py --data data/nli_for_simcse.csv --tau 0.01      # Tab. D.1: the temperature (0.001 ... 1)
+  python simcse.py --data data/my_pairs.csv --no_hard_neg         # Tab. 4: any sent0,sent1 CSV
+  Tab. 5's other encoders, with App. A's batch size and learning rate:
+    --model roberta-base --batch_size 512 --lr 1e-5    --model roberta-large --batch_size 512 --lr 3e-5
+    --model roberta-large --data data/nli_for_simcse.csv --lr 1e-5 (supervised; base: the CSV defaults)
 
 Measured numbers: README.md, "Results" (the MiniLM testbed; the bert-base recipe prints the
 paper's numbers beside yours at the end of a run).
@@ -27,6 +38,7 @@ paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +47,6 @@ import torch.nn.functional as F
 
 import common
 from common import arg
-
 
 # =====================================================================================
 # Hyperparameters (unsupervised BERT-base unless the data is a CSV)
@@ -55,27 +66,124 @@ class Args(common.TrainArgs):
                       "evaluation (unsup); avg_first_last = mean of the first and last layers, no MLP",
                       "official code", choices=["cls", "cls_before_pooler", "avg_first_last"])
     no_mlp: bool = arg(False, "no MLP over [CLS] in training either (Tab. 6 'w/o MLP')", "paper Tab. 6")
+    dropout: float = arg(0.1, "dropout p of the encoder's hidden layers and attention probabilities, the "
+                         "only noise between the two views (replaces --model's own; BERT's is 0.1)",
+                         "paper Tab. 3", ge=0, lt=1,
+                         note="A rate; the paper's Tab. 3 tries 0, 0.01, 0.05, 0.1, 0.15, 0.2 and 0.5, "
+                              "and 0.1 (BERT's own) is its best.")
+    fixed_mask: bool = arg(False, "the same dropout mask on both views of a sentence (Tab. 3 'Fixed 0.1'): "
+                           "the two views are then one vector", "paper Tab. 3")
+    alpha: float = arg(1.0, "weight alpha of each anchor's own hard negative (Sec. 6.3; the official "
+                       "code's --hard_negative_weight is ln(alpha))", "paper Tab. 7", gt=0,
+                       note="A weight on e^{sim/tau}; the paper's Tab. 7 tries 0.5, 1 and 2, and 1 is its "
+                            "best.")
+    no_hard_neg: bool = arg(False, "leave out the CSV's hard_neg column: Eq. (4) with the CSV's pairs as "
+                            "positives (Tab. 7 'N/A'; Tab. 4); needed for a CSV with no hard_neg column",
+                            "paper Tab. 7")
 
     def rules(self) -> None:
+        csv = str(self.data).lower().endswith(".csv")
         if self.no_mlp and self.pooler == "cls":
             raise common.UserError("--no_mlp with --pooler cls: the cls pooler is [CLS] through the MLP. "
                                    "Use --pooler cls_before_pooler with --no_mlp (Tab. 6 'w/o MLP').")
+        if self.fixed_mask and csv:
+            raise common.UserError(f"--fixed_mask with --data {self.data}: one dropout mask for a sentence's "
+                                   f"two views is Tab. 3's unsupervised variant; a CSV's pairs are two "
+                                   f"sentences. Drop --fixed_mask, or train on a text file.")
+        if not csv and (self.alpha != 1 or self.no_hard_neg):
+            flag = f"--alpha {self.alpha:g}" if self.alpha != 1 else "--no_hard_neg"
+            raise common.UserError(f"{flag} with --data {self.data}: it acts on the hard negatives of "
+                                   f"supervised SimCSE, a CSV sent0,sent1,hard_neg. Pass --data "
+                                   f"data/nli_for_simcse.csv, or drop {flag}.")
+        if self.no_hard_neg and self.alpha != 1:
+            raise common.UserError(f"--alpha {self.alpha:g} with --no_hard_neg: there is no hard negative "
+                                   f"to weight. Drop one of the two.")
 
+    def settle(self, data_rows: int) -> None:
+        # a CSV without hard negatives trains Eq. (4) only when --no_hard_neg says so: the flags,
+        # and the paper's rows they select, are then what the run trains (checked before the run
+        # folder is written)
+        csv = str(self.data).lower().endswith(".csv")
+        if csv and not self.no_hard_neg and "hard_neg" not in common.load_columns(self.data):
+            raise common.UserError(f"--data {self.data}: no hard_neg column, so no hard negatives to train "
+                                   f"with. Add --no_hard_neg: Eq. (4) with its pairs as positives (Tab. 4).")
 
     # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win
     csv_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
 
 
-# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures
+# =====================================================================================
+# The paper's rows: the end of a run prints those its flags select beside its own figures
+# (README.md maps each to its command). Every figure is as printed in the paper, but the
+# BERT-large averages: the official repository's README (the paper has no BERT-large row).
+# =====================================================================================
+
+NLI = "nli_for_simcse.csv"
+TAB5 = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
+
+
+def _tab5(name: str, figures: tuple, model: str = "", data: str = "", **flags) -> common.PaperRow:
+    return common.PaperRow("Tab. 5", name, dict(zip(TAB5, figures)), "test", flags, model, data)
+
+
+def _dev(table: str, name: str, stsb: float, data: str = "", note: str = "", **flags) -> common.PaperRow:
+    return common.PaperRow(table, name, {"STSBenchmark": stsb}, "dev", flags, data=data, note=note)
+
+
+TAB3_NOTE = ("Sec. 3: with p = 0 or one mask for both views ('Fixed 0.1') the pair's two embeddings are "
+             "exactly the same, and it leads to a dramatic performance degradation; all models greatly "
+             "improve uniformity, but the alignment of these two variants degrades drastically (Fig. 2): "
+             "see alignment and uniformity in metrics.jsonl")
+D1_NOTE = ("our reading: the table does not say which SimCSE it trained; its 0.05 figure is the "
+           "supervised 86.2 of Tab. 6 and 7")
+FIRST_LAST_NOTE = ("the official code averaged the embedding layer and the last layer until its commit "
+                   "206d7ae (Jan 2022, 'fix first-last avg'); here, as there now, the first Transformer "
+                   "layer and the last")
 PAPER_ROWS = [
-    common.PaperRow("Tab. 5", "Unsup-SimCSE-BERT_base",
-                    {"STS12": 68.40, "STS13": 82.41, "STS14": 74.38, "STS15": 80.91, "STS16": 78.56,
-                     "STSBenchmark": 76.85, "SICKRelatedness": 72.23, "avg": 76.25}),
-    common.PaperRow("Tab. 5", "Sup-SimCSE-BERT_base",
-                    {"STS12": 75.30, "STS13": 84.67, "STS14": 80.19, "STS15": 85.40, "STS16": 80.82,
-                     "STSBenchmark": 84.25, "SICKRelatedness": 80.39, "avg": 81.57},
-                    data="nli_for_simcse.csv"),
+    # Tab. 5: 7 STS test sets; App. A's batch size and learning rate per encoder
+    _tab5("Unsup-SimCSE-BERT_base", (68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25)),
+    _tab5("Unsup-SimCSE-RoBERTa_base", (70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57),
+          "roberta-base", batch_size=512, lr=1e-5),
+    _tab5("Unsup-SimCSE-RoBERTa_large", (72.86, 83.99, 75.62, 84.77, 81.80, 81.98, 71.26, 78.90),
+          "roberta-large", batch_size=512, lr=3e-5),
+    _tab5("Sup-SimCSE-BERT_base", (75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57), data=NLI),
+    _tab5("Sup-SimCSE-RoBERTa_base", (76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
+          "roberta-base", NLI),
+    _tab5("Sup-SimCSE-RoBERTa_large", (77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
+          "roberta-large", NLI, lr=1e-5),
+    # BERT-large: the official README's 7-task averages only (App. A: lr 1e-5; batch 64 / 512)
+    common.PaperRow("official README", "unsup-simcse-bert-large-uncased", {"avg": 78.41}, "test",
+                    {"lr": 1e-5}, "bert-large-uncased",
+                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
+    common.PaperRow("official README", "sup-simcse-bert-large-uncased", {"avg": 82.21}, "test",
+                    {"lr": 1e-5}, "bert-large-uncased", NLI,
+                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
+    # Tab. 3: dropout p, unsupervised BERT-base, STS-B dev
+    *[_dev("Tab. 3", f"p = {p}", s, note=TAB3_NOTE if p == "0.0" else "",
+           **({} if p == "0.1" else {"dropout": float(p)})) for p, s in
+      [("0.0", 71.1), ("0.01", 72.6), ("0.05", 81.1), ("0.1", 82.5), ("0.15", 81.4), ("0.2", 80.5),
+       ("0.5", 71.0)]],
+    _dev("Tab. 3", "Fixed 0.1", 43.6, note=TAB3_NOTE, fixed_mask=True),
+    # Tab. 6: the pooler, STS-B dev; Unsup. on a text file, Sup. on the NLI CSV (default pooler cls)
+    _dev("Tab. 6", "[CLS] w/ MLP, Unsup.", 81.7, pooler="cls"),
+    _dev("Tab. 6", "[CLS] w/ MLP (train), Unsup.", 82.5),
+    _dev("Tab. 6", "[CLS] w/o MLP, Unsup.", 80.9, no_mlp=True),
+    _dev("Tab. 6", "First-last avg., Unsup.", 81.2, note=FIRST_LAST_NOTE, pooler="avg_first_last"),
+    _dev("Tab. 6", "[CLS] w/ MLP, Sup.", 86.2, NLI),
+    _dev("Tab. 6", "[CLS] w/ MLP (train), Sup.", 85.8, NLI, pooler="cls_before_pooler"),
+    _dev("Tab. 6", "[CLS] w/o MLP, Sup.", 86.2, NLI, pooler="cls_before_pooler", no_mlp=True),
+    _dev("Tab. 6", "First-last avg., Sup.", 86.1, NLI, FIRST_LAST_NOTE, pooler="avg_first_last"),
+    # Tab. 7: the hard negatives of supervised SimCSE, STS-B dev
+    _dev("Tab. 7", "N/A", 84.9, NLI, no_hard_neg=True),
+    *[_dev("Tab. 7", f"Contradiction, alpha = {a}", s, NLI, **({} if a == "1.0" else {"alpha": float(a)}))
+      for a, s in [("0.5", 86.1), ("1.0", 86.2), ("2.0", 86.2)]],
+    # Tab. 4: supervised datasets, STS-B dev, "full"; only these two cells are in the text we cite
+    _dev("Tab. 4", "SNLI+MNLI entailment, full", 84.9, NLI, "the sample (134k pairs) column is not printed "
+         "here: its figures could not be checked in a citable copy of the paper", no_hard_neg=True),
+    _dev("Tab. 4", "SNLI+MNLI entailment + hard neg.", 86.2, NLI),
+    # Tab. D.1: the temperature, STS-B dev
+    *[_dev("Tab. D.1", f"tau = {t}", s, NLI, D1_NOTE, **({} if t == "0.05" else {"tau": float(t)}))
+      for t, s in [("0.001", 84.9), ("0.01", 85.4), ("0.05", 86.2), ("0.1", 82.0), ("1", 64.0)]],
 ]
 
 
@@ -95,13 +203,21 @@ def simcse_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float) -> torch.Tenso
 
 @common.fp32
 def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
-                    tau: float) -> torch.Tensor:
-    """Supervised SimCSE, Eq. (5): the hard negatives h_j^- are extra columns."""
+                    tau: float, alpha: float = 1.0) -> torch.Tensor:
+    """Supervised SimCSE, Eq. (5), with Sec. 6.3's weight alpha on each anchor's own hard
+    negative h_i^-: the hard negatives h_j^- are extra columns. alpha = 1 is Eq. (5) itself."""
     h, h_pos, h_neg = (F.normalize(x, dim=-1) for x in (h, h_pos, h_neg))
+    n = h.shape[0]
     sim = torch.cat([h @ h_pos.T, h @ h_neg.T], dim=1)                        # (N, 2N)
-    # Eq. (5): l_i = -log e^{sim(h_i,h_i^+)/tau} / sum_j (e^{sim(h_i,h_j^+)/tau} + e^{sim(h_i,h_j^-)/tau})
-    labels = torch.arange(h.shape[0], device=h.device)                        # (N,)
-    return F.cross_entropy(sim / tau, labels)                                 # ()
+    # alpha^{1_i^j}, 1_i^j = 1 iff i = j: alpha e^{s/tau} = e^{s/tau + ln alpha}, so ln(alpha) is
+    # added to the logit of column N + i in row i only (the other rows' h_j^- keep weight 1).
+    # NOTE(paper vs code): the official code adds its hard_negative_weight there: it is ln(alpha)
+    eye = torch.eye(n, dtype=sim.dtype, device=sim.device)                   # (N, N)
+    log_w = torch.cat([torch.zeros_like(eye), math.log(alpha) * eye], dim=1)  # (N, 2N)
+    # Sec. 6.3 (Eq. 5 weighted): l_i = -log e^{sim(h_i,h_i^+)/tau}
+    #     / sum_j (e^{sim(h_i,h_j^+)/tau} + alpha^{1_i^j} e^{sim(h_i,h_j^-)/tau})
+    labels = torch.arange(n, device=h.device)                                 # (N,)
+    return F.cross_entropy(sim / tau + log_w, labels)                         # ()
 
 
 # =====================================================================================
@@ -110,9 +226,11 @@ def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
 
 class SimCSE(nn.Module):
     def __init__(self, encoder: nn.Module, tau: float, supervised: bool,
-                 pooler: str = "cls_before_pooler", mlp: bool = True):
+                 pooler: str = "cls_before_pooler", mlp: bool = True, fixed_mask: bool = False,
+                 alpha: float = 1.0):
         super().__init__()
         self.encoder, self.tau, self.supervised, self.pooler = encoder, tau, supervised, pooler
+        self.fixed_mask, self.alpha = fixed_mask, alpha
         # MLP over [CLS] (Linear + Tanh), freshly initialised; BERT's NSP pooler is not used.
         # None: Tab. 6's "w/o MLP" (--no_mlp) and "First-last avg." rows
         use_mlp = mlp and pooler != "avg_first_last"
@@ -131,6 +249,12 @@ class SimCSE(nn.Module):
         if not self.supervised:
             x = batch["text"]                                                 # (N, L)
             n = x["input_ids"].shape[0]
+            if self.fixed_mask:
+                # Tab. 3 "Fixed 0.1": one dropout mask z for both views, so h^z and h^+ = h^z are
+                # one vector. NOTE(ours): one pass, h_pos = h: two passes under one mask give the
+                # same values and the same gradients (tests/test_simcse.py), at half the cost
+                h = common.gather(self.embed(x))                              # (N, d)
+                return simcse_loss(h, h, self.tau)
             # the same sentences twice in ONE forward pass: two independent dropout masks
             z = self.embed(common.concat_batches([x, x]))                     # (2N, d)
             h, h_pos = z[:n], z[n:]                                           # (N, d), (N, d)
@@ -140,9 +264,9 @@ class SimCSE(nn.Module):
         pad_id = self.encoder.config.pad_token_id or 0
         z = self.embed(common.concat_batches(cols, pad_id))                   # (2N or 3N, d)
         h, h_pos = common.gather(z[:n]), common.gather(z[n:2 * n])            # (N, d), (N, d)
-        if len(cols) == 2:  # pairs without hard negatives: Eq. (4) with NLI positives
+        if len(cols) == 2:  # pairs without hard negatives (--no_hard_neg): Eq. (4) with NLI positives
             return simcse_loss(h, h_pos, self.tau)
-        return simcse_sup_loss(h, h_pos, common.gather(z[2 * n:]), self.tau)
+        return simcse_sup_loss(h, h_pos, common.gather(z[2 * n:]), self.tau, self.alpha)
 
 
 # =====================================================================================
@@ -154,9 +278,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     supervised = "sent0" in columns
-    tokenizer, encoder = common.load_encoder(args.model)
+    if args.no_hard_neg:
+        columns.pop("hard_neg", None)            # Tab. 7 "N/A": the pairs alone
+    tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     data = common.tokenize_columns(args, tokenizer, columns)
-    model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp).to(device)
+    model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp,
+                   fixed_mask=args.fixed_mask, alpha=args.alpha).to(device)
     return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, need_shared
 
 import common
 import simcse
-from conftest import ROOT, need_shared
 
 
 def cos(a, b):
@@ -55,10 +59,12 @@ def test_simcse_loss_is_one_directional_and_handles_ties():
     g = torch.Generator().manual_seed(0)
     h, h_pos = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
     # rows are anchors: swapping the roles changes the value (a transposed matrix is caught)
-    assert float(simcse.simcse_loss(h, h_pos, 0.05)) != pytest.approx(float(simcse.simcse_loss(h_pos, h, 0.05)))
+    swapped = float(simcse.simcse_loss(h_pos, h, 0.05))
+    assert float(simcse.simcse_loss(h, h_pos, 0.05)) != pytest.approx(swapped)
     # ties: a duplicated sentence in the batch is a negative as similar as the positive
     h[3], h_pos[3] = h[1], h_pos[1]
-    assert float(simcse.simcse_loss(h, h_pos, 0.05)) == pytest.approx(loop_unsup(h.double(), h_pos.double(), 0.05), rel=1e-4)
+    want = loop_unsup(h.double(), h_pos.double(), 0.05)
+    assert float(simcse.simcse_loss(h, h_pos, 0.05)) == pytest.approx(want, rel=1e-4)
     # a batch of one has only its positive: loss log(1) = 0
     assert float(simcse.simcse_loss(h[:1], h_pos[:1], 0.05)) == pytest.approx(0.0, abs=1e-6)
 
@@ -69,7 +75,8 @@ def test_simcse_sup_loss_matches_per_row_loop(n):
     h, h_pos, h_neg = (torch.randn(n, 16, generator=g) for _ in range(3))
     got = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05)
     assert got.dim() == 0
-    assert float(got) == pytest.approx(loop_sup(h.double(), h_pos.double(), h_neg.double(), 0.05), rel=1e-5, abs=1e-6)
+    want = loop_sup(h.double(), h_pos.double(), h_neg.double(), 0.05)
+    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
     # without the hard-negative columns it is Eq. (4) again, and strictly smaller
     assert float(got) > float(simcse.simcse_loss(h, h_pos, 0.05))
 
@@ -82,7 +89,7 @@ def _run(tmp_path, tiny_bert, data, sts_dir, cache_dir, *extra):
 
 
 def _metrics(run: Path) -> list[dict]:
-    return [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
@@ -97,7 +104,7 @@ def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_
     assert all(math.isfinite(r["loss"]) and r["sent_per_s"] > 0 for r in train)
     assert train[0]["lr"] > train[-1]["lr"] == 0.0            # linear decay to 0
     assert [r["step"] for r in evals] == [2, 4] and all(0 < r["stsb_dev"] < 100 for r in evals)
-    assert set(res["test"]) == set(common.STS_TASKS) | {"avg"}
+    assert set(res["test"]) == set(common.STS_TASKS) | {"avg", "alignment", "uniformity"}
     best = run / "best"
     assert json.loads((best / "args.json").read_text())["tau"] == 0.05
     assert json.loads((best / "test_metrics.json").read_text())["avg"] == pytest.approx(res["test"]["avg"])
@@ -154,12 +161,13 @@ def test_supervised_columns_pad_with_the_models_pad_id():
 
 def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
     """RoBERTa (byte-level BPE, positions offset by the padding index) trains and saves too."""
+    from conftest import build_tiny_roberta
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    from conftest import build_tiny_roberta
     rob = build_tiny_roberta(tmp_path / "rob", [wiki_head])
     res = _run(tmp_path, rob, wiki_head, small_sts, cache_dir)
-    assert math.isfinite(res["best_dev"]) and set(res["test"]) == set(common.STS_TASKS) | {"avg"}
+    assert math.isfinite(res["best_dev"])
+    assert set(res["test"]) == set(common.STS_TASKS) | {"avg", "alignment", "uniformity"}
     best = tmp_path / "run" / "best"
     enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
     sents = ["a man is playing a guitar .", "the cat sleeps ."]
@@ -313,3 +321,327 @@ def test_command_line_errors_exit_2_with_a_message(tmp_path):
     help_text = " ".join(r.stdout.split())       # argparse wraps the lines
     assert r.returncode == 0 and "--resume" in help_text
     assert "[SimCSE paper App. A]" in help_text and "[paper Tab. D.1]" in help_text   # shared and own flags
+
+
+# -------------------------------------------------------------------------------------
+# Tab. 7: alpha, the weight of each anchor's own hard negative (Sec. 6.3's weighted Eq. 5)
+# -------------------------------------------------------------------------------------
+
+def loop_sup_weighted(h, h_pos, h_neg, tau, alpha, weighs=lambda i, j: i == j):
+    """Sec. 6.3, one anchor at a time: l_i = -log e^{sim(h_i,h_i^+)/tau} / sum_j (e^{sim(h_i,h_j^+)/tau}
+    + alpha^{1_i^j} e^{sim(h_i,h_j^-)/tau}), 1_i^j = 1 iff i = j. `weighs(i, j)`: which hard
+    negatives alpha multiplies (the paper: j = i only)."""
+    n, total = h.shape[0], 0.0
+    for i in range(n):
+        num = math.exp(cos(h[i], h_pos[i]) / tau)
+        den = sum(math.exp(cos(h[i], h_pos[j]) / tau)
+                  + (alpha if weighs(i, j) else 1.0) * math.exp(cos(h[i], h_neg[j]) / tau) for j in range(n))
+        total += -math.log(num / den)
+    return total / n
+
+
+@pytest.mark.parametrize("n,alpha", [(6, 0.5), (6, 1.0), (6, 2.0), (5, 7.5), (1, 2.0)])
+def test_weighted_sup_loss_matches_per_row_loop(n, alpha):
+    g = torch.Generator().manual_seed(20 + n)
+    h, h_pos, h_neg = (torch.randn(n, 16, generator=g) for _ in range(3))
+    got = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, alpha)
+    assert got.dim() == 0
+    want = loop_sup_weighted(h.double(), h_pos.double(), h_neg.double(), 0.05, alpha)
+    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_alpha_weighs_only_the_paired_hard_negative():
+    g = torch.Generator().manual_seed(3)
+    h, h_pos, h_neg = (torch.randn(6, 16, generator=g) for _ in range(3))
+    d = [x.double() for x in (h, h_pos, h_neg)]
+    # alpha = 1 is Eq. (5) itself, to the bit, and its per-row loop
+    one = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, 1.0)
+    assert torch.equal(one, simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05))
+    assert float(one) == pytest.approx(loop_sup(*d, 0.05), rel=1e-5)
+    # alpha = k (an integer) is Eq. (5) over the batch's columns with row i's own hard negative
+    # h_i^- counted k times: only that term of row i's denominator changes
+    for k in (2, 3):
+        want = 0.0
+        for i in range(6):
+            logits = torch.tensor([cos(d[0][i], d[1][j]) for j in range(6)] +
+                                  [cos(d[0][i], d[2][j]) for j in range(6)] +
+                                  [cos(d[0][i], d[2][i])] * (k - 1), dtype=torch.float64) / 0.05
+            want += -float(torch.log_softmax(logits, 0)[i]) / 6
+        assert float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, float(k))) == pytest.approx(want, rel=1e-5)
+    # not the reading that weighs every hard negative of the batch
+    every = loop_sup_weighted(*d, 0.05, 2.0, weighs=lambda i, j: True)
+    assert float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, 2.0)) != pytest.approx(every, rel=1e-3)
+    # a larger alpha pushes harder on h_i^- alone: the gradient on h_neg[i] grows with alpha,
+    # while the positives' and the unpaired rows' terms keep their weight (loop above)
+    grads = []
+    for alpha in (0.5, 1.0, 2.0):
+        hn = h_neg.clone().requires_grad_(True)
+        simcse.simcse_sup_loss(h, h_pos, hn, 0.05, alpha).backward()
+        grads.append(float(hn.grad.norm()))
+    assert grads[0] < grads[1] < grads[2]
+
+
+def test_the_model_passes_alpha_to_the_loss(tiny_bert):
+    tok, enc = common.load_encoder(str(tiny_bert))
+    model = simcse.SimCSE(enc, 0.05, supervised=True, pooler="cls", alpha=2.0).eval()   # eval: no dropout
+    cols = {k: dict(tok(v, padding=True, return_tensors="pt")) for k, v in
+            {"sent0": ["a man plays .", "two dogs run ."], "sent1": ["someone plays music .", "dogs run ."],
+             "hard_neg": ["nobody plays .", "the cats sleep ."]}.items()}
+    cols = {k: {"input_ids": v["input_ids"], "attention_mask": v["attention_mask"]} for k, v in cols.items()}
+    with torch.no_grad():
+        loss = model(cols)
+        h, h_pos, h_neg = (model.embed(cols[k]) for k in ("sent0", "sent1", "hard_neg"))
+    assert float(loss) == pytest.approx(float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, 2.0)), rel=1e-5)
+    assert float(loss) != pytest.approx(float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05)), rel=1e-4)
+
+
+# -------------------------------------------------------------------------------------
+# Tab. 3: the dropout p (--dropout) and one mask for both views (--fixed_mask)
+# -------------------------------------------------------------------------------------
+
+SENTS = ["a man is playing a guitar .", "the cat sleeps on the mat .", "two dogs run in a field .",
+         "a woman slices an onion ."]
+
+
+def _ids(tok, sents=SENTS):
+    b = tok(sents, padding=True, return_tensors="pt")
+    return {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}
+
+
+def test_fixed_mask_equals_two_passes_under_one_mask(tiny_bert):
+    """--fixed_mask computes h once and uses it as h_pos. Two passes with the RNG set to one
+    seed before each draw the same dropout mask z twice: the same loss and the same gradients."""
+    tok, enc = common.load_encoder(str(tiny_bert))                         # dropout 0.1
+    fixed = simcse.SimCSE(enc, 0.05, supervised=False, fixed_mask=True).train()
+    two = copy.deepcopy(fixed)
+    two.fixed_mask = False
+    x = _ids(tok)
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        loss = fixed({"text": x})
+        torch.manual_seed(7)
+        h = two.embed(x)
+        torch.manual_seed(7)
+        h_pos = two.embed(x)
+        torch.manual_seed(8)
+        other = two.embed(x)
+    assert torch.equal(h, h_pos)                             # one mask: the two views are one vector
+    assert not torch.allclose(h, other, atol=1e-4)           # and dropout is on: another mask differs
+    ref = simcse.simcse_loss(h, h_pos, 0.05)
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    loss.backward()
+    ref.backward()
+    for (name, p), (_, q) in zip(fixed.named_parameters(), two.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7), name
+
+
+def _spy_views(monkeypatch) -> list:
+    seen = []
+    real = simcse.simcse_loss
+
+    def spy(h, h_pos, tau):
+        seen.append((h.detach().clone(), h_pos.detach().clone()))
+        return real(h, h_pos, tau)
+
+    monkeypatch.setattr(simcse, "simcse_loss", spy)
+    return seen
+
+
+@pytest.mark.parametrize("flags,p,row", [(["--dropout", "0"], 0.0, "Tab. 3 p = 0.0"),
+                                         (["--fixed_mask"], 0.1, "Tab. 3 Fixed 0.1")])
+def test_table3_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, monkeypatch, capsys,
+                                flags, p, row):
+    """p = 0 (no noise) and one mask for both views give identical views in training (the
+    paper's two special variants); --dropout sets the encoder's config; the run ends with the
+    row beside its figures, kept in best/test_metrics.json."""
+    seen = _spy_views(monkeypatch)
+    # the row's batch size (App. A's 64): a flag that changes training, so a row depends on it
+    _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2", "--batch_size", "64",
+         *flags)
+    assert seen and all(torch.allclose(h, hp, atol=1e-6) for h, hp in seen)
+    best = tmp_path / "run" / "best"
+    config = json.loads((best / "config.json").read_text())
+    assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == p
+    label = f"{row} [paper: bert-base-uncased]"
+    out = capsys.readouterr().out
+    assert re.search(rf"STS-B dev: this run .*; {re.escape(label)}: ", out)
+    stored = json.loads((best / "test_metrics.json").read_text())
+    assert [r["label"] for r in stored["paper_rows"]] == [label]
+    assert "not a model the paper trained" in stored["paper_note"]
+
+
+def test_dropout_changes_the_encoders_dropout(tmp_path, tiny_bert, wiki_head, small_sts, monkeypatch):
+    """--dropout p reaches the encoder's hidden and attention dropout (default 0.1, the tiny
+    model's own, so the default run is unchanged)."""
+    seen = {}
+    real = common.load_encoder
+
+    def spy(name, dropout=None, flag="--model"):
+        tok, enc = real(name, dropout, flag)
+        seen[dropout] = enc
+        raise KeyboardInterrupt                       # the encoder is all this test needs
+
+    monkeypatch.setattr(common, "load_encoder", spy)
+    for p in ("0.3", None):
+        with pytest.raises(KeyboardInterrupt):
+            simcse.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
+                         "--output_dir", str(tmp_path / f"run{p}"), "--cache_dir", str(tmp_path / "c")]
+                        + (["--dropout", p] if p else []))
+    assert set(seen) == {0.3, 0.1}
+    for p, enc in seen.items():
+        assert enc.config.hidden_dropout_prob == enc.config.attention_probs_dropout_prob == p
+        assert {m.p for m in enc.modules() if isinstance(m, torch.nn.Dropout)} == {p}
+
+
+# -------------------------------------------------------------------------------------
+# Tab. 7 and Tab. 4 end to end: the NLI CSV by its file name, --alpha, --no_hard_neg
+# -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,rows", [
+    (["--alpha", "0.5"], ["Tab. 7 Contradiction, alpha = 0.5"]),
+    (["--no_hard_neg"], ["Tab. 7 N/A", "Tab. 4 SNLI+MNLI entailment, full"])])
+def test_supervised_rows_end_to_end(tmp_path, tiny_bert, small_sts, cache_dir, monkeypatch, capsys, flags,
+                                    rows):
+    """A CSV named nli_for_simcse.csv in any folder selects the NLI rows; --alpha reaches the loss;
+    --no_hard_neg trains Eq. (4) on the pairs alone."""
+    nli = tmp_path / "elsewhere" / "nli_for_simcse.csv"
+    nli.parent.mkdir()
+    shutil.copy(need_shared("data", "nli_sample.csv"), nli)
+    calls = {"sup": [], "unsup": 0}
+    real_sup, real_unsup = simcse.simcse_sup_loss, simcse.simcse_loss
+
+    def sup(h, h_pos, h_neg, tau, alpha=1.0):
+        calls["sup"].append(alpha)
+        return real_sup(h, h_pos, h_neg, tau, alpha)
+
+    def unsup(h, h_pos, tau):
+        calls["unsup"] += 1
+        return real_unsup(h, h_pos, tau)
+
+    monkeypatch.setattr(simcse, "simcse_sup_loss", sup)
+    monkeypatch.setattr(simcse, "simcse_loss", unsup)
+    _run(tmp_path, tiny_bert, nli, small_sts, cache_dir, "--max_steps", "2", "--batch_size", "512", *flags)
+    if "--alpha" in flags:
+        assert calls == {"sup": [0.5, 0.5], "unsup": 0}
+    else:
+        assert calls == {"sup": [], "unsup": 2}
+    labels = [f"{r} [paper: bert-base-uncased]" for r in rows]
+    out = capsys.readouterr().out
+    assert all(label in out for label in labels)
+    stored = json.loads((tmp_path / "run" / "best" / "test_metrics.json").read_text())
+    assert [r["label"] for r in stored["paper_rows"]] == labels
+
+
+# -------------------------------------------------------------------------------------
+# Which rows a command selects (parsed as the script parses it; nothing is trained)
+# -------------------------------------------------------------------------------------
+
+def _labels(command: str) -> tuple[set[str], str]:
+    args = common.parse_args(simcse.Args, shlex.split(command))
+    picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+    return {label for label, _ in picked}, note
+
+
+@pytest.mark.parametrize("command,want", [
+    ("", {"Tab. 5 Unsup-SimCSE-BERT_base", "Tab. 3 p = 0.1", "Tab. 6 [CLS] w/ MLP (train), Unsup."}),
+    ("--tau 0.05 --dropout 0.1 --alpha 1 --max_steps 10 --seed 3", {"Tab. 5 Unsup-SimCSE-BERT_base",
+     "Tab. 3 p = 0.1", "Tab. 6 [CLS] w/ MLP (train), Unsup."}),
+    ("--pooler cls", {"Tab. 6 [CLS] w/ MLP, Unsup."}),
+    ("--no_mlp", {"Tab. 6 [CLS] w/o MLP, Unsup."}),
+    ("--dropout 0", {"Tab. 3 p = 0.0"}),
+    ("--dropout 0.15", {"Tab. 3 p = 0.15"}),
+    ("--fixed_mask", {"Tab. 3 Fixed 0.1"}),
+    ("--data data/nli_for_simcse.csv", {"Tab. 5 Sup-SimCSE-BERT_base", "Tab. 6 [CLS] w/ MLP, Sup.",
+                                        "Tab. 7 Contradiction, alpha = 1.0", "Tab. D.1 tau = 0.05",
+                                        "Tab. 4 SNLI+MNLI entailment + hard neg."}),
+    ("--data /some/where/nli_for_simcse.csv --alpha 2", {"Tab. 7 Contradiction, alpha = 2.0"}),
+    ("--data data/nli_for_simcse.csv --no_hard_neg", {"Tab. 7 N/A", "Tab. 4 SNLI+MNLI entailment, full"}),
+    ("--data data/nli_for_simcse.csv --tau 1", {"Tab. D.1 tau = 1"}),
+    ("--data data/nli_for_simcse.csv --pooler cls_before_pooler --no_mlp", {"Tab. 6 [CLS] w/o MLP, Sup."}),
+    ("--model roberta-base --batch_size 512 --lr 1e-5", {"Tab. 5 Unsup-SimCSE-RoBERTa_base"}),
+    ("--model FacebookAI/roberta-large --batch_size 512 --lr 3e-5", {"Tab. 5 Unsup-SimCSE-RoBERTa_large"}),
+    ("--model roberta-base --data data/nli_for_simcse.csv", {"Tab. 5 Sup-SimCSE-RoBERTa_base"}),
+    ("--model roberta-large --data data/nli_for_simcse.csv --lr 1e-5", {"Tab. 5 Sup-SimCSE-RoBERTa_large"}),
+    ("--model bert-large-uncased --lr 1e-5", {"official README unsup-simcse-bert-large-uncased"}),
+    ("--model bert-large-uncased --data data/nli_for_simcse.csv --lr 1e-5",
+     {"official README sup-simcse-bert-large-uncased"}),
+])
+def test_a_command_selects_its_rows(command, want):
+    got, note = _labels(command)
+    assert got == want and note == "", (command, note)
+
+
+@pytest.mark.parametrize("command,named", [
+    ("--tau 0.2", "--tau 0.2"),
+    ("--dropout 0.3", "--dropout 0.3"),
+    ("--fixed_mask --dropout 0", "--dropout 0 --fixed_mask"),
+    ("--model roberta-base", "--model roberta-base"),              # without App. A's batch and lr
+    ("--model bert-large-uncased", "--model bert-large-uncased"),  # App. A's lr is 1e-5
+    ("--data data/my_pairs.csv --no_hard_neg", "--data my_pairs.csv"),
+    ("--data data/nli_for_simcse.csv --dropout 0", "--data nli_for_simcse.csv --dropout 0"),
+])
+def test_a_flag_no_row_covers_prints_the_note(command, named):
+    got, note = _labels(command)
+    assert got == set() and note.startswith(f"the paper reports no row for {named}"), (command, note)
+
+
+def test_a_model_the_paper_did_not_train_shows_bert_base_rows():
+    args = common.parse_args(simcse.Args, ["--model", "sentence-transformers/all-MiniLM-L6-v2",
+                                           "--fixed_mask"])
+    picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+    assert [label for label, _ in picked] == ["Tab. 3 Fixed 0.1 [paper: bert-base-uncased]"]
+    assert "all-MiniLM-L6-v2 is not a model the paper trained" in note
+
+
+def test_every_row_is_a_distinct_flag_set_of_its_table():
+    """Two rows of one table never share model, data and flags (one run, one row per table),
+    and every row's flags are flags of Args."""
+    seen = set()
+    for r in simcse.PAPER_ROWS:
+        key = (r.table, r.model, r.data, tuple(sorted(r.flags.items())))
+        assert key not in seen, r
+        seen.add(key)
+        assert set(r.flags) <= set(simcse.Args.__dataclass_fields__), r
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--alpha", "2"], r"--alpha 2 with --data .*wiki1m_head\.txt: it acts on the hard negatives"),
+    (["--no_hard_neg"], r"--no_hard_neg with --data .*wiki1m_head\.txt"),
+    (["--data", "{nli}", "--fixed_mask"], r"--fixed_mask with --data .*nli_sample\.csv: one dropout mask"),
+    (["--data", "{nli}", "--no_hard_neg", "--alpha", "2"], r"--alpha 2 with --no_hard_neg: there is no hard"),
+    (["--data", "{pairs}"], r"--data .*pairs\.csv: no hard_neg column.*Add --no_hard_neg"),
+    (["--alpha", "0"], r"--alpha 0\.0: must be > 0\. .*Tab\. 7 tries 0\.5, 1 and 2"),
+    (["--dropout", "1"], r"--dropout 1\.0: must be < 1\. .*Tab\. 3 tries 0, 0\.01"),
+    (["--dropout", "-0.1"], r"--dropout -0\.1: must be >= 0"),
+])
+def test_new_flags_are_checked_before_anything_is_written(tmp_path, tiny_bert, wiki_head, small_sts,
+                                                          cache_dir, flags, message):
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sent0,sent1\n" + "".join(f"a{i},b{i}\n" for i in range(20)))
+    nli = need_shared("data", "nli_sample.csv")
+    flags = [f.format(nli=nli, pairs=pairs) for f in flags]
+    with pytest.raises(common.UserError, match=message):
+        _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, *flags)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_readme_rows_beside_the_paper_table():
+    """README.md's SimCSE table of rows the contract table cannot hold (`| row | published |
+    command |`): a row with figures selects them; a row without selects none and prints the note."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### SimCSE (`simcse.py`)"):]
+    section = section[:section.index("\n### ", 1)]
+    table = section[section.index("| row | published | command |"):].split("\n\n")[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert len(rows) == 3
+    for row, published, command in rows:
+        cmd = re.search(r"`python simcse\.py([^`]*)`", command).group(1)
+        figures = [float(x) for x in re.findall(r"\d+\.\d+", published)]
+        args = common.parse_args(simcse.Args, shlex.split(cmd))
+        picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+        if figures:
+            assert figures in [r.headline() for _, r in picked], (row, cmd, picked)
+        else:
+            assert picked == [] and note.startswith("the paper reports no row"), (row, cmd, picked)
