@@ -638,7 +638,8 @@ def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, 
     named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
     if model != name_of(defaults.model):
         named.insert(0, f"--model {args.model}")
-    if csv_name not in {r.data for r in rows}:       # a text file or a CSV that no row trained on
+    kinds = {r.data for r in rows}                   # "": text files; else the CSVs the rows need
+    if csv_name not in kinds or (csv_name and "" in kinds):   # data no row has, or a script's other form
         named.insert(0, f"--data {Path(args.data).name}")
     return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"
 

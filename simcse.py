@@ -27,7 +27,7 @@ The paper's ablation rows, one flag each (README.md maps every row to its comman
   python simcse.py --data data/nli_for_simcse.csv --alpha 2       # Tab. 7: the paired hard negative's weight
   python simcse.py --data data/nli_for_simcse.csv --no_hard_neg   # Tab. 7 "N/A": Tab. 4's entailment pairs
   python simcse.py --data data/nli_for_simcse.csv --tau 0.01      # Tab. D.1: the temperature (0.001 ... 1)
-  python simcse.py --data data/my_pairs.csv --no_hard_neg         # Tab. 4: any sent0,sent1 CSV
+  python simcse.py --data data/my_pairs.csv                       # Tab. 4: any sent0,sent1 CSV
   Tab. 5's other encoders, with App. A's batch size and learning rate:
     --model roberta-base --batch_size 512 --lr 1e-5    --model roberta-large --batch_size 512 --lr 3e-5
     --model roberta-large --data data/nli_for_simcse.csv --lr 1e-5 (supervised; base: the CSV defaults)
@@ -39,6 +39,7 @@ paper's numbers beside yours at the end of a run).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -100,13 +101,13 @@ class Args(common.TrainArgs):
                                    f"to weight. Drop one of the two.")
 
     def settle(self, data_rows: int) -> None:
-        # a CSV without hard negatives trains Eq. (4) only when --no_hard_neg says so: the flags,
-        # and the paper's rows they select, are then what the run trains (checked before the run
-        # folder is written)
+        # a CSV of pairs (no hard_neg column) trains Eq. (4): --no_hard_neg is set, so that
+        # args.json and the paper's rows it selects say what the run trains
         csv = str(self.data).lower().endswith(".csv")
         if csv and not self.no_hard_neg and "hard_neg" not in common.load_columns(self.data):
-            raise common.UserError(f"--data {self.data}: no hard_neg column, so no hard negatives to train "
-                                   f"with. Add --no_hard_neg: Eq. (4) with its pairs as positives (Tab. 4).")
+            print(f"note: --data {self.data} has no hard_neg column: Eq. (4) with its pairs as positives "
+                  f"(--no_hard_neg)", file=sys.stderr)
+            self.no_hard_neg = True
 
     # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win
     csv_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
