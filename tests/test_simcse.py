@@ -14,7 +14,7 @@ import torch
 
 import common
 import simcse
-from conftest import ROOT, need_shared
+from conftest import ROOT
 
 
 def cos(a, b):
@@ -85,10 +85,10 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+def test_unsupervised_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    res = _run(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir)
+    res = _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir)
     run = tmp_path / "run"
     recs = _metrics(run)
     train = [r for r in recs if "loss" in r]
@@ -109,12 +109,12 @@ def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_
     st = SentenceTransformer(str(best), device="cpu")
     assert np.allclose(st.encode(sents), ours, atol=1e-5)
     # and it scores what the run reported
-    again = common.evaluate_sts(common.make_encode(enc, tok, "cls_before_pooler"), sts_dir,
+    again = common.evaluate_sts(common.make_encode(enc, tok, "cls_before_pooler"), small_sts,
                                 tasks=["STSBenchmark"], split="dev")
     assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
 
 
-def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_head, small_sts,
+def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, corpus, small_sts,
                                                    cache_dir, monkeypatch):
     """from_pretrained() returns eval mode; training must switch dropout on, or the two views
     of unsupervised SimCSE are the same vector and the loss teaches nothing."""
@@ -126,7 +126,7 @@ def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_hea
         return real(h, h_pos, tau)
 
     monkeypatch.setattr(simcse, "simcse_loss", spy)
-    _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2")
+    _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2")
     assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
 
 
@@ -152,13 +152,13 @@ def test_supervised_columns_pad_with_the_models_pad_id():
     assert mask.sum() == 2 * (3 + 5 + 2)
 
 
-def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
+def test_roberta_end_to_end(tmp_path, corpus, small_sts, cache_dir):
     """RoBERTa (byte-level BPE, positions offset by the padding index) trains and saves too."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
     from conftest import build_tiny_roberta
-    rob = build_tiny_roberta(tmp_path / "rob", [wiki_head])
-    res = _run(tmp_path, rob, wiki_head, small_sts, cache_dir)
+    rob = build_tiny_roberta(tmp_path / "rob", [corpus])
+    res = _run(tmp_path, rob, corpus, small_sts, cache_dir)
     assert math.isfinite(res["best_dev"]) and set(res["test"]) == set(common.STS_TASKS) | {"avg"}
     best = tmp_path / "run" / "best"
     enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
@@ -167,11 +167,10 @@ def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
     assert np.allclose(SentenceTransformer(str(best), device="cpu").encode(sents), ours, atol=1e-5)
 
 
-def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, sts_dir, cache_dir):
+def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, nli_csv, small_sts, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    nli = need_shared("data", "nli_sample.csv")
-    _run(tmp_path, tiny_bert, nli, sts_dir, cache_dir)
+    _run(tmp_path, tiny_bert, nli_csv, small_sts, cache_dir)
     run = tmp_path / "run"
     args = json.loads((run / "args.json").read_text())
     assert args["pooler"] == "cls" and args["lr"] == 5e-5 and args["epochs"] == 3   # CSV defaults
@@ -214,9 +213,9 @@ def test_table6_poolers_train_on_the_vector_the_row_names(tiny_bert, pooler, mlp
 
 @pytest.mark.parametrize("flags,pooler", [(["--no_mlp"], "cls_before_pooler"),
                                           (["--pooler", "avg_first_last"], "avg_first_last")])
-def test_table6_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, flags, pooler):
+def test_table6_rows_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir, flags, pooler):
     from transformers import AutoModel, AutoTokenizer
-    res = _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2", *flags)
+    res = _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2", *flags)
     best = tmp_path / "run" / "best"
     assert json.loads((best / "test_metrics.json").read_text())["pooler"] == pooler
     enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
@@ -225,17 +224,17 @@ def test_table6_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache
     assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
 
 
-def test_no_mlp_with_the_cls_pooler_is_refused(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir):
+def test_no_mlp_with_the_cls_pooler_is_refused(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     with pytest.raises(common.UserError, match="--no_mlp with --pooler cls"):
-        _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--no_mlp", "--pooler", "cls")
+        _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--no_mlp", "--pooler", "cls")
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wiki_head, sts_dir,
+def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, corpus, small_sts,
                                                          cache_dir, monkeypatch):
     full = tmp_path / "full"
     full.mkdir()
-    _run(full, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+    _run(full, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     ref = {r["step"]: r["loss"] for r in _metrics(full / "run") if "loss" in r}
 
     # kill the second run inside step 4 (after the checkpoint of step 2; step 3 is logged)
@@ -256,14 +255,14 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     part = tmp_path / "part"
     part.mkdir()
     with pytest.raises(KeyboardInterrupt):
-        _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     monkeypatch.setattr(common, "make_step", real)
     with pytest.raises(common.UserError, match="already holds a run"):
-        _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     assert [r["step"] for r in _metrics(part / "run") if "loss" in r] == [1, 2, 3]
     with open(part / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "lo')                       # a line cut short by the kill
-    _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6", "--resume")
+    _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6", "--resume")
     # step 3 was trained again: the log holds it once, as if the run had not been interrupted
     assert [(r["step"], "loss" in r) for r in _metrics(part / "run")] == \
         [(r["step"], "loss" in r) for r in _metrics(full / "run")]
@@ -273,7 +272,7 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
         assert got[s] == pytest.approx(ref[s], rel=1e-5), s
 
 
-def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir, monkeypatch):
+def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, corpus, small_sts, cache_dir, monkeypatch):
     real = simcse.simcse_loss
     calls = {"n": 0}
 
@@ -284,23 +283,23 @@ def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, wiki_head, sts_dir, 
 
     monkeypatch.setattr(simcse, "simcse_loss", bad)
     with pytest.raises(common.UserError, match="NaN") as e:
-        _run(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     assert "best checkpoint so far is kept" in str(e.value)
     assert (tmp_path / "run" / "best" / "config.json").exists()     # saved at step 2
 
 
-def test_bad_inputs_are_clear_errors(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+def test_bad_inputs_are_clear_errors(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     with pytest.raises(common.UserError, match="no such file"):
-        _run(tmp_path, tiny_bert, tmp_path / "missing.txt", sts_dir, cache_dir)
+        _run(tmp_path, tiny_bert, tmp_path / "missing.txt", small_sts, cache_dir)
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(common.UserError, match="no sentences"):
-        _run(tmp_path / "e", tiny_bert, tmp_path / "empty.txt", sts_dir, cache_dir)
+        _run(tmp_path / "e", tiny_bert, tmp_path / "empty.txt", small_sts, cache_dir)
     (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe broken\n")
     with pytest.raises(common.UserError, match="line 2 is not UTF-8"):
-        _run(tmp_path / "b", tiny_bert, tmp_path / "bad.txt", sts_dir, cache_dir)
+        _run(tmp_path / "b", tiny_bert, tmp_path / "bad.txt", small_sts, cache_dir)
     (tmp_path / "small.txt").write_text("one\ntwo\nthree\n")
     with pytest.raises(common.UserError, match="--batch_size 8 is larger than the data"):
-        _run(tmp_path / "s", tiny_bert, tmp_path / "small.txt", sts_dir, cache_dir)
+        _run(tmp_path / "s", tiny_bert, tmp_path / "small.txt", small_sts, cache_dir)
 
 
 def test_command_line_errors_exit_2_with_a_message(tmp_path):
