@@ -1,61 +1,327 @@
-"""Shared fixtures: the ../shared folder, tiny locally built BERT models, a tiny translation
-model, a temporary cache.
+"""Fixtures: synthetic data written by the tests themselves, tiny locally built models, and the
+real data that a few tests are about.
 
-Nothing here reaches the Hugging Face hub: tiny models are built from a config and a small
-WordPiece vocabulary trained on local text. Under CI (CI=true) a test that needs ../shared
-fails instead of skipping when it is missing.
+Nothing here reaches the network. Most tests run on synthetic data made here, the same in every
+checkout: an English-like corpus (seeded sentences over a fixed word list), small STS files in
+SentEval's layout whose gold scores follow how much of a sentence its partner keeps, NLI-style
+triplets, and English beside a word-for-word pseudo-German. Tiny models are built from a config
+and a WordPiece vocabulary trained on that corpus.
+
+The few tests about real data (the STS evaluator's pair counts, all-MiniLM-L6-v2 against its
+published figures, the real BERT vocabulary) look for it under a data root laid out like the
+repository: data/sts/ (`python common.py download --what sts`) and models/all-MiniLM-L6-v2/
+(`hf download sentence-transformers/all-MiniLM-L6-v2 --local-dir models/all-MiniLM-L6-v2`).
+The root is $CSE_DATA_ROOT when set, else the repository root. Where it is missing such a test
+is skipped with the command that fetches it; under CI (CI=true) it fails instead.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import os
+import random
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+DATA_ROOT = Path(os.environ["CSE_DATA_ROOT"]).resolve() if os.environ.get("CSE_DATA_ROOT") else ROOT
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def need_shared(*parts: str) -> Path:
-    """The path under ../shared; skip when it is missing, but fail under CI."""
-    p = SHARED.joinpath(*parts)
-    if not p.exists():
-        msg = f"{p} is missing (../shared beside the repository)"
+# ------------------------------------------------------------------------------------
+# Real data: where a user keeps it, and the one command that fetches it
+# ------------------------------------------------------------------------------------
+
+MINILM = "all-MiniLM-L6-v2"
+# what the tests need under the data root -> (what it is, the file that proves it is there)
+REAL = {("data", "sts"): ("the STS data", "STS/STSBenchmark/sts-test.csv"),
+        ("models", MINILM): (MINILM, "config.json")}
+
+
+def fetch_command(parts: tuple[str, ...]) -> str:
+    """The one command, run from the repository root, that puts `parts` under the data root."""
+    here = DATA_ROOT == ROOT
+    if parts == ("data", "sts"):
+        return "python common.py download --what sts" + ("" if here else f" --dest {DATA_ROOT / 'data'}")
+    local = "/".join(parts) if here else str(DATA_ROOT.joinpath(*parts))
+    return f"hf download sentence-transformers/{MINILM} --local-dir {local}"
+
+
+def need_real(*parts: str) -> Path:
+    """The real data at data root / parts (data/sts, models/all-MiniLM-L6-v2). Missing: the
+    test is skipped with the command that fetches it, or fails under CI (CI=true)."""
+    what, marker = REAL[parts]
+    p = DATA_ROOT.joinpath(*parts)
+    if not (p / marker).is_file():
+        msg = f"needs {what}: run `{fetch_command(parts)}`"
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
+            pytest.fail(f"{msg} ({p} is missing or incomplete; under CI the real data must be "
+                        f"there: set CSE_DATA_ROOT to the folder that holds data/ and models/)")
         pytest.skip(msg)
     return p
 
 
-@pytest.fixture(autouse=True)
-def _release_run_folders():
-    """A run folder is held (locked) by the process that trains in it until that process ends;
-    tests run many trainings in one process, so each test lets its folders go."""
-    yield
-    import common
-    common.release_run_folders()
+# ------------------------------------------------------------------------------------
+# Synthetic text: deterministic (seeded random.Random, md5 for the pseudo-German), the same in
+# every checkout and every process
+# ------------------------------------------------------------------------------------
+
+DETERMINERS = "the a this that every some no his her their our its each another one".split()
+NOUNS = """man woman child boy girl dog cat horse bird fish city river village house road bridge
+school teacher student doctor farmer king queen army church market station train car boat ship
+island mountain forest garden field door window table book letter song film game team player club
+league season company government council party election war battle law court museum library
+university college hospital newspaper radio family father mother brother sister friend guitar piano
+ball street park beach lake sea sky sun moon winter summer morning night year century history music
+language country region province district building tower castle wall painting picture camera
+computer machine engine plane airport kitchen meal bread water coffee tea shirt hat shoe snow rain
+wind stone tree flower apple chair bed phone story word name group member leader soldier captain
+singer writer artist worker officer judge""".split()
+VERBS = """plays played walks walked runs ran sees saw builds built writes wrote reads opens opened
+closes closed wins won loses lost finds found leaves left joins joined carries carried holds held
+visits visited describes described follows followed sells sold buys bought teaches taught paints
+painted sings sang watches watched moves moved returns returned becomes became includes included
+owns owned crosses crossed cooks cooked rides rode jumps jumped sleeps slept throws threw catches
+caught meets met starts started studies studied remembers remembered""".split()
+ADJECTIVES = """old new small large big young red blue green white black dark bright quiet loud
+famous local national early late first last main major public private ancient modern northern
+southern eastern western happy sad strong weak long short high low warm cold heavy light rich poor
+simple strange beautiful busy empty open free wild gentle little brown golden wooden royal good
+bad""".split()
+ADVERBS = """quickly slowly often never always later again together almost also soon already still
+today yesterday suddenly finally rarely quietly there""".split()
+PREPOSITIONS = """in on at near under over behind beside across through from to with without after
+before during into along around between against""".split()
+CONJUNCTIONS = ["and", "but", "while", "because", "although", "when", "so", "until", "where"]
+ENGLISH = sorted(set(DETERMINERS + NOUNS + VERBS + ADJECTIVES + ADVERBS + PREPOSITIONS + CONJUNCTIONS))
 
 
-@pytest.fixture(scope="session")
-def shared() -> Path:
-    return need_shared()
+def _pseudo_words(n: int, seed: int, syllables: list[str]) -> list[str]:
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        w = "".join(rng.choice(syllables) for _ in range(rng.randint(2, 3)))
+        if w not in out and w not in ENGLISH:
+            out.append(w)
+    return out
 
 
-@pytest.fixture(scope="session")
-def sts_dir() -> Path:
-    return need_shared("data", "sts")
+# names of people and places (capitalised in the text): pseudo-words that give the WordPiece
+# trainers more to merge than the word list alone
+NAMES = [w.capitalize() for w in _pseudo_words(160, 7, "bar ten mor vik el an dor lis ka ren sto wen "
+                                                      "hal mi ro sa tul ber gan no fe rik ol us".split())]
 
 
-@pytest.fixture(scope="session")
-def wiki_head() -> Path:
-    return need_shared("data", "wiki1m_head.txt")
+class EnglishLike:
+    """English-like sentences: clauses of determiner, adjectives, noun, verb, object, place and
+    adverb over the word lists above, joined by conjunctions, 3 to 30 words, capitalised, with
+    commas, full stops, question marks, numbers, names and a year in parentheses now and then."""
 
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def noun_phrase(self) -> list[str]:
+        r = self.rng
+        if r.random() < 0.12:
+            return [r.choice(NAMES)]
+        if r.random() < 0.08:
+            return [str(r.randint(2, 1999)), r.choice(NOUNS) + "s"]
+        adjs = [r.choice(ADJECTIVES) for _ in range(r.choice([0, 0, 1, 1, 2]))]
+        return [r.choice(DETERMINERS), *adjs, r.choice(NOUNS)]
+
+    def clause(self) -> list[str]:
+        r = self.rng
+        words = self.noun_phrase() + [r.choice(VERBS)]
+        if r.random() < 0.7:
+            words += self.noun_phrase()
+        if r.random() < 0.5:
+            words += [r.choice(PREPOSITIONS)] + self.noun_phrase()
+        if r.random() < 0.3:
+            words.append(r.choice(ADVERBS))
+        if r.random() < 0.05:
+            words.append(f"({r.randint(1500, 2020)})")
+        return words
+
+    def words(self, lo: int = 3, hi: int = 30) -> list[str]:
+        """One sentence as words, punctuation attached."""
+        r = self.rng
+        n = min(hi, max(lo, int(r.triangular(lo, hi, lo + (hi - lo) // 3))))
+        words = self.clause()
+        while len(words) < n:
+            words[-1] += "," if r.random() < 0.5 else ""
+            words += [r.choice(CONJUNCTIONS)] + self.clause()
+        words = words[:n]
+        words[-1] = words[-1].rstrip(",") + r.choices([".", "?", "!", ""], [85, 8, 4, 3])[0]
+        words[0] = words[0][:1].upper() + words[0][1:]
+        return words
+
+    def sentences(self, n: int, lo: int = 3, hi: int = 30) -> list[str]:
+        """n distinct sentences."""
+        out, seen = [], set()
+        while len(out) < n:
+            s = " ".join(self.words(lo, hi))
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+        return out
+
+
+GERMAN_SYLLABLES = ("sch ei ung ach ver ge ber lich keit heit ün ös äh ß zu wir tz ck au eu ie en er st "
+                    "pf kn ü ö ä rm nd ig wal dorf mann berg haus").split()
+
+
+def pseudo_german_word(word: str) -> str:
+    """A fixed pseudo-German word for an English word (md5, not hash(): the same in every
+    process); punctuation stays, nouns and names are capitalised, numbers are kept."""
+    core = word.strip(".,?!()")
+    if not core or core.isdigit():
+        return word
+    h = hashlib.md5(core.lower().encode()).digest()
+    w = "".join(GERMAN_SYLLABLES[b % len(GERMAN_SYLLABLES)] for b in h[:2 + h[15] % 2])
+    if core.lower() in NOUNS or core.lower().rstrip("s") in NOUNS or core[:1].isupper():
+        w = w[:1].upper() + w[1:]
+    return word.replace(core, w, 1)
+
+
+def pseudo_german(sentence: str) -> str:
+    """A word-for-word 'translation' with its own vocabulary."""
+    words = [pseudo_german_word(w) for w in sentence.split()]
+    return " ".join([words[0][:1].upper() + words[0][1:]] + words[1:])
+
+
+CORPUS_LINES = 4000     # the synthetic training corpus
+
+
+def write_corpus(path: Path, n: int = CORPUS_LINES, seed: int = 0) -> Path:
+    """The synthetic English-like corpus, one sentence a line."""
+    path.write_text("\n".join(EnglishLike(seed).sentences(n)) + "\n", encoding="utf-8")
+    return path
+
+
+def edited(words: list[str], keep: float, rng: random.Random) -> list[str]:
+    """A partner of a sentence that keeps each word with probability `keep` (else swaps it for
+    another word of the list, or drops it), and is never the sentence itself: identical pairs
+    all have cosine 1, a tie that rounding breaks differently from one evaluation to the next."""
+    out = []
+    for w in words:
+        u = rng.random()
+        if u < keep:
+            out.append(w)
+        elif u < keep + (1 - keep) * 0.8:
+            out.append(rng.choice(ENGLISH))
+    out = out or words[:1]
+    while out == words:
+        i = rng.randrange(len(out))
+        out[i] = rng.choice([w for w in ENGLISH if w != out[i]])
+    return out
+
+
+def overlap(a: list[str], b: list[str]) -> float:
+    """Jaccard overlap of the two sentences' lower-cased word sets."""
+    sa, sb = ({w.lower().strip(".,?!()") for w in x} for x in (a, b))
+    return len(sa & sb) / len(sa | sb)
+
+
+def sts_pairs(n: int, seed: int, lo: float, hi: float, lengths: tuple[int, int] = (4, 16)):
+    """n scored pairs (a, b, gold): a sentence and an edit of it that keeps a random share of
+    its words (about one pair in five: an unrelated sentence); gold = lo + (hi - lo) x the word
+    overlap, with a little noise, so similar pairs score high and unrelated ones low."""
+    gen = EnglishLike(seed)
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(n):
+        a = gen.words(*lengths)
+        b = gen.words(*lengths) if rng.random() < 0.2 else edited(a, rng.random(), rng)
+        g = lo + (hi - lo) * overlap(a, b) + rng.gauss(0, 0.05 * (hi - lo))
+        out.append((" ".join(a), " ".join(b), min(hi, max(lo, g))))
+    return out
+
+
+def write_sts_tree(root: Path, counts: dict, seed: int = 0, unscored: int = 1,
+                   lengths: tuple[int, int] = (4, 16)) -> Path:
+    """SentEval's layout under `root`, as common.load_sts_pairs reads it: STS/STS1x-en-test/
+    STS.input.<subset>.txt (sentence pairs, tab-separated) beside STS.gs.<subset>.txt (gold 0-5;
+    `unscored` empty gold lines a subset, which the evaluator drops, on top of the counts' kept
+    pairs), STS/STSBenchmark/sts-<split>.csv (gold in column 4, sentences in 5 and 6, a trailing
+    column on some rows) and SICK/SICK_<train|trial|test_annotated>.txt (a header, sentences in
+    columns 1 and 2, gold 1-5 in column 3). `counts`: {task: {subset or split: kept pairs}}."""
+    k = seed * 1000
+    for task in ("STS12", "STS13", "STS14", "STS15", "STS16"):
+        folder = root / "STS" / f"STS{task[3:]}-en-test"
+        folder.mkdir(parents=True, exist_ok=True)
+        for sub, n in counts[task].items():
+            k += 1
+            pairs = sts_pairs(n + unscored, k, 0.0, 5.0, lengths)
+            gone = {(3 + 7 * i + k) % (n + unscored) for i in range(unscored)}
+            (folder / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in pairs),
+                                                         encoding="utf-8")
+            (folder / f"STS.gs.{sub}.txt").write_text(
+                "".join("\n" if i in gone else f"{g:.3f}\n" for i, (_, _, g) in enumerate(pairs)),
+                encoding="utf-8")
+    (root / "STS" / "STSBenchmark").mkdir(parents=True, exist_ok=True)
+    for split, n in counts["STSBenchmark"].items():
+        k += 1
+        rows = [f"main-captions\tsynthetic\t2012test\t{i:04d}\t{g:.3f}\t{a}\t{b}"
+                + ("\tsrc" if i % 7 == 3 else "")
+                for i, (a, b, g) in enumerate(sts_pairs(n, k, 0.0, 5.0, lengths))]
+        path = root / "STS" / "STSBenchmark" / f"sts-{split}.csv"
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (root / "SICK").mkdir(parents=True, exist_ok=True)
+    names = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
+    for split, n in counts["SICKRelatedness"].items():
+        k += 1
+        rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+        judgment = {True: "ENTAILMENT", False: "NEUTRAL"}
+        rows += [f"{i + 1}\t{a}\t{b}\t{g:.1f}\t{judgment[g > 4] if g > 2 else 'CONTRADICTION'}"
+                 for i, (a, b, g) in enumerate(sts_pairs(n, k, 1.0, 5.0, lengths))]
+        (root / "SICK" / names[split]).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+# The kept pair counts of the real STS data (the STS evaluation protocol's table: pairs left
+# once those without a gold score are dropped), a subset at a time
+STS_KEPT_PAIRS = {
+    "STS12": {"MSRpar": 750, "MSRvid": 750, "SMTeuroparl": 459, "surprise.OnWN": 750,
+              "surprise.SMTnews": 399},
+    "STS13": {"FNWN": 189, "headlines": 750, "OnWN": 561},
+    "STS14": {"deft-forum": 450, "deft-news": 300, "headlines": 750, "images": 750, "OnWN": 750,
+              "tweet-news": 750},
+    "STS15": {"answers-forums": 375, "answers-students": 750, "belief": 375, "headlines": 750, "images": 750},
+    "STS16": {"answer-answer": 254, "headlines": 249, "plagiarism": 230, "postediting": 244,
+              "question-question": 209},
+    "STSBenchmark": {"train": 5749, "dev": 1500, "test": 1379},
+    "SICKRelatedness": {"train": 4500, "dev": 500, "test": 4927},
+}
+STS_TOTALS = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186}
+
+
+def write_nli(path: Path, n: int = 600, seed: int = 3) -> Path:
+    """SimCSE's supervised CSV (sent0,sent1,hard_neg): a premise, an entailment that keeps most
+    of its words and a contradiction that keeps fewer and says "not"; cells with commas are
+    quoted, as csv writes them."""
+    gen, rng = EnglishLike(seed), random.Random(seed + 1)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["sent0", "sent1", "hard_neg"])
+    for premise in gen.sentences(n, 4, 24):
+        words = premise.split()
+        pos = edited(words, 0.85, rng)
+        neg = edited(words, 0.4, rng)
+        neg.insert(min(len(neg), 2), "not")
+        w.writerow([premise, " ".join(pos), " ".join(neg)])
+    path.write_text(buf.getvalue(), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------
+# Tiny models, built locally
+# ------------------------------------------------------------------------------------
 
 def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hidden: int = 32,
                     layers: int = 2, heads: int = 2, seed: int = 0, lowercase: bool = True) -> Path:
@@ -138,40 +404,111 @@ def build_tiny_mt(folder: Path, tokenizer_folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory, wiki_head) -> Path:
-    """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from wiki1m_head."""
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), [wiki_head])
+def build_bert_layout_tokenizer(folder: Path, corpus: list[Path], vocab_size: int = 1000) -> Path:
+    """A cased WordPiece tokenizer trained on `corpus` whose vocabulary is laid out as BERT's
+    vocab.txt is ([PAD] 0, [unused0..98], [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then the
+    word pieces), saved as a folder (no model)."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wp = BertWordPieceTokenizer(lowercase=False)
+    wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    pieces = sorted(set(wp.get_vocab()) - set(special))
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + pieces
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=False)
+    assert len(tok) == len(vocab) and (tok.pad_token_id, tok.cls_token_id, tok.sep_token_id) == (0, 101, 102)
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+# ------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _release_run_folders():
+    """A run folder is held (locked) by the process that trains in it until that process ends;
+    tests run many trainings in one process, so each test lets its folders go."""
+    yield
+    import common
+    common.release_run_folders()
 
 
 @pytest.fixture(scope="session")
-def small_sts(sts_dir, tmp_path_factory) -> Path:
-    """The first 40 pairs of every STS file in SentEval's layout (SICK keeps its header): an
-    evaluation of seconds for end-to-end runs. The evaluator itself is tested on the full data."""
-    dst = tmp_path_factory.mktemp("small_sts")
-    for src in list(sts_dir.glob("STS/*/STS.*.txt")) + list(sts_dir.glob("STS/STSBenchmark/sts-*.csv")) \
-            + list(sts_dir.glob("SICK/SICK_*.txt")):
-        keep = 41 if src.parent.name == "SICK" else 40
-        out = dst / src.relative_to(sts_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(src.read_text(encoding="utf-8").splitlines()[:keep]) + "\n",
-                       encoding="utf-8")
-    return dst
+def real_sts() -> Path:
+    """The real STS data (SentEval's STS12-16, STS-B, SICK), for the tests about it."""
+    return need_real("data", "sts")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The real all-MiniLM-L6-v2 (a BERT with the uncased BERT vocabulary)."""
+    return need_real("models", MINILM)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """The synthetic English-like training corpus: CORPUS_LINES distinct sentences of 3 to 30
+    words, one a line."""
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def nli_csv(tmp_path_factory) -> Path:
+    """600 synthetic triplets in SimCSE's sent0,sent1,hard_neg format."""
+    return write_nli(tmp_path_factory.mktemp("nli") / "nli.csv")
+
+
+@pytest.fixture(scope="session")
+def small_sts(tmp_path_factory) -> Path:
+    """A synthetic STS folder in SentEval's layout, 40 kept pairs a file (every STS12-16 subset
+    with one more, unscored, pair): an evaluation of seconds that gives finite, varied
+    Spearman figures."""
+    import common
+    counts = {**{t: {sub: 40 for sub in subs} for t, subs in common.STS_SUBSETS.items()},
+              "STSBenchmark": {s: 40 for s in ("train", "dev", "test")},
+              "SICKRelatedness": {s: 40 for s in ("train", "dev", "test")}}
+    root = write_sts_tree(tmp_path_factory.mktemp("small_sts"), counts)
+    # what the tests rely on: the unscored pair is in the file and dropped, the gold is varied
+    gs = (root / "STS" / "STS12-en-test" / "STS.gs.MSRpar.txt").read_text(encoding="utf-8").splitlines()
+    assert len(gs) == 41 and gs.count("") == 1
+    for task in common.STS_TASKS:
+        for split in ("test", "dev") if task in ("STSBenchmark", "SICKRelatedness") else ("test",):
+            for _, _, gold in common.load_sts_pairs(root, task, split).values():
+                assert len(gold) == 40 and len(set(gold)) > 10, (task, split)
+    return root
+
+
+@pytest.fixture(scope="session")
+def full_sts(tmp_path_factory) -> Path:
+    """A synthetic STS folder with the real data's files and kept pair counts (STS_KEPT_PAIRS),
+    short sentences, two unscored pairs in every STS12-16 subset: what a whole download holds."""
+    return write_sts_tree(tmp_path_factory.mktemp("full_sts"), STS_KEPT_PAIRS, seed=1, unscored=2,
+                          lengths=(3, 8))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, corpus) -> Path:
+    """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from the synthetic corpus."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), [corpus])
 
 
 @pytest.fixture
 def cache_dir(tmp_path) -> Path:
-    """Token caches go here, never into ../shared."""
+    """Token caches go here, never beside the data."""
     return tmp_path / "cache"
 
 
 @pytest.fixture(scope="session")
 def parallel(tmp_path_factory):
-    """48 English sentences of multi30k and their German translations (a short file too)."""
-    m30k = need_shared("data", "multi30k")
-    d = tmp_path_factory.mktemp("m30k")
-    en = (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:48]
-    de = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:48]
+    """48 English sentences and their pseudo-German (pseudo_german: word for word, its own
+    vocabulary), en.txt and de.txt, and de_short.txt with the first 40 German lines."""
+    d = tmp_path_factory.mktemp("parallel")
+    en = EnglishLike(5).sentences(48, 4, 20)
+    de = [pseudo_german(s) for s in en]
     (d / "en.txt").write_text("\n".join(en) + "\n", encoding="utf-8")
     (d / "de.txt").write_text("\n".join(de) + "\n", encoding="utf-8")
     (d / "de_short.txt").write_text("\n".join(de[:40]) + "\n", encoding="utf-8")
@@ -179,15 +516,14 @@ def parallel(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_mbert(tmp_path_factory):
-    """A tiny 'multilingual' BERT: German + English vocabulary, the same width as tiny_bert."""
-    m30k = need_shared("data", "multi30k")
+def tiny_mbert(tmp_path_factory, corpus):
+    """A tiny 'multilingual' BERT: pseudo-German + English vocabulary, the same width as tiny_bert."""
     d = tmp_path_factory.mktemp("mbert_corpus")
-    corpus = d / "corpus.txt"
-    lines = (m30k / "train.de").read_text(encoding="utf-8").splitlines()[:3000]
-    lines += (m30k / "train.en").read_text(encoding="utf-8").splitlines()[:1000]
-    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return build_tiny_bert(tmp_path_factory.mktemp("tiny_mbert"), [corpus], vocab_size=1200, hidden=32, seed=1)
+    english = corpus.read_text(encoding="utf-8").splitlines()
+    lines = [pseudo_german(s) for s in english[:3000]] + english[:1000]
+    (d / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_mbert"), [d / "corpus.txt"], vocab_size=1200,
+                           hidden=32, seed=1)
 
 
 @pytest.fixture(scope="session")
@@ -195,6 +531,13 @@ def tiny_mt(tmp_path_factory, tiny_bert) -> Path:
     """The tiny translation model, for --mt_model DIR (its English tokenizer makes the German
     side English word pieces: nonsense, but real generate() output)."""
     return build_tiny_mt(tmp_path_factory.mktemp("tiny_mt"), tiny_bert)
+
+
+@pytest.fixture(scope="session")
+def bert_layout_tokenizer(tmp_path_factory, corpus) -> Path:
+    """A second local BERT tokenizer, cased, with BERT's id layout ([PAD] 0, [UNK] 100, [CLS] 101,
+    [SEP] 102, [MASK] 103): a folder AutoTokenizer loads like a hub model's."""
+    return build_bert_layout_tokenizer(tmp_path_factory.mktemp("bert_layout"), [corpus])
 
 
 @pytest.fixture

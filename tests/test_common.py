@@ -16,7 +16,7 @@ from scipy.stats import spearmanr
 
 import common
 from common import UserError, arg
-from conftest import need_shared
+from conftest import STS_KEPT_PAIRS, STS_TOTALS
 
 # ------------------------------------------------------------------ flags
 
@@ -255,18 +255,18 @@ def test_evaluator_missing_folder_is_a_clear_error(tmp_path):
         common.evaluate_sts(_fixture_encode, tmp_path / "nope")
 
 
-def test_real_sts_pair_counts(sts_dir):
-    counts = json.loads((sts_dir / "kept_pair_counts.json").read_text())
+def test_real_sts_pair_counts(real_sts):
+    """The real data against the protocol's table of kept pairs (conftest.STS_KEPT_PAIRS), a
+    subset at a time, and common.STS_PAIR_COUNTS against both."""
     for task in common.STS_SUBSETS:
-        subs = common.load_sts_pairs(sts_dir, task)
+        subs = common.load_sts_pairs(real_sts, task)
         assert [len(g) for _, _, g in subs.values()] == common.STS_PAIR_COUNTS[task]
-        per_subset = {k: v for k, v in counts[task].items() if k != "TOTAL"}
-        assert {k: len(v[2]) for k, v in subs.items()} == per_subset
-        assert sum(len(g) for _, _, g in subs.values()) == counts[task]["TOTAL"]
+        assert {k: len(v[2]) for k, v in subs.items()} == STS_KEPT_PAIRS[task]
+        assert sum(len(g) for _, _, g in subs.values()) == STS_TOTALS[task]
     for task in ("STSBenchmark", "SICKRelatedness"):
         for split in ("train", "dev", "test"):
-            assert len(common.load_sts_pairs(sts_dir, task, split)[split][2]) == counts[task][split]
-    common.check_sts(sts_dir)
+            assert len(common.load_sts_pairs(real_sts, task, split)[split][2]) == STS_KEPT_PAIRS[task][split]
+    common.check_sts(real_sts)
 
 
 def test_alignment_uniformity_definition(tmp_path):
@@ -287,13 +287,12 @@ def test_alignment_uniformity_definition(tmp_path):
     assert r["uniformity"] == pytest.approx(np.log(np.mean(np.exp(-2 * np.array(d)))))
 
 
-def test_minilm_avg_matches_mteb(sts_dir):
+def test_minilm_avg_matches_mteb(real_sts, minilm):
     """An external check: all-MiniLM-L6-v2 with avg pooling against its MTEB figures."""
-    model = need_shared("models", "all-MiniLM-L6-v2")
-    tok, enc = common.load_encoder(str(model))
+    tok, enc = common.load_encoder(str(minilm))
     torch.set_num_threads(max(1, torch.get_num_threads()))
     tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark"]
-    res = common.evaluate_sts(common.make_encode(enc, tok, "avg"), sts_dir, tasks=tasks)
+    res = common.evaluate_sts(common.make_encode(enc, tok, "avg"), real_sts, tasks=tasks)
     mteb = {"STS12": 72.37, "STS13": 80.60, "STS14": 75.59, "STS15": 85.39, "STS16": 78.99,
             "STSBenchmark": 82.03}
     for t, v in mteb.items():
@@ -398,12 +397,12 @@ def _senteval_tar(dest: Path, sts_dir: Path, drop: str | None = None) -> None:
                     tf.add(p, arcname=f"downstream/{p.relative_to(sts_dir)}")
 
 
-def test_download_checks_content_and_skips_present(tmp_path, sts_dir, capsys):
+def test_download_checks_content_and_skips_present(tmp_path, full_sts, capsys):
     srv_root = tmp_path / "srv"
     srv_root.mkdir()
     (srv_root / common.WIKI1M).write_text("".join(f"sentence {i}\n" for i in range(50)))
     (srv_root / common.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n\"d, e\",f,g\n")
-    _senteval_tar(srv_root / common.SENTEVAL, sts_dir)
+    _senteval_tar(srv_root / common.SENTEVAL, full_sts)
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
         got = common.download(dest, srv.url, wiki1m_lines=50)
@@ -417,12 +416,12 @@ def test_download_checks_content_and_skips_present(tmp_path, sts_dir, capsys):
         assert "present, not fetched again" in capsys.readouterr().err
 
 
-def test_download_rejects_corrupt_files(tmp_path, sts_dir):
+def test_download_rejects_corrupt_files(tmp_path, full_sts):
     srv_root = tmp_path / "srv"
     srv_root.mkdir()
     (srv_root / common.WIKI1M).write_text("".join(f"s {i}\n" for i in range(49)))  # truncated
     (srv_root / common.NLI).write_text("premise,hypothesis\na,b\n")
-    _senteval_tar(srv_root / common.SENTEVAL, sts_dir, drop="STS.gs.FNWN.txt")
+    _senteval_tar(srv_root / common.SENTEVAL, full_sts, drop="STS.gs.FNWN.txt")
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
         with pytest.raises(UserError, match=r"wiki1m_for_simcse.txt: 49 lines where 50"):

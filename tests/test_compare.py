@@ -136,7 +136,7 @@ def test_labels_name_script_distinguishing_flags_and_pooler(runs):
 
 
 def test_paths_in_labels_are_shortened_to_what_tells_them_apart(tmp_path):
-    a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "model": "../shared/models/all-MiniLM-L6-v2",
+    a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "model": "../models/all-MiniLM-L6-v2",
                                   "data": "x/one/train.txt"}, [70.0] * 7)
     b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "data": "x/two/train.txt"}, [70.0] * 7, pooler="avg")
     labels = [g["label"] for g in tool.group_runs([tool.read_run(a), tool.read_run(b)])]
@@ -355,12 +355,12 @@ def test_baseline_row_is_the_untrained_encoder(runs, tiny_bert, small_sts, capsy
     assert out[2].startswith("simcse.py [cls_before_pooler]")
 
 
-def test_end_to_end_a_real_tiny_run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, capsys):
+def test_end_to_end_a_real_tiny_run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, capsys):
     """simcse.py as a program for 2 steps, then compare on its folder: the script and the pooler
     are recorded, and the row holds what the run wrote."""
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "--model", str(tiny_bert),
-                        "--data", str(wiki_head), "--sts_dir", str(small_sts), "--output_dir", str(run),
+                        "--data", str(corpus), "--sts_dir", str(small_sts), "--output_dir", str(run),
                         "--cache_dir", str(cache_dir), "--max_steps", "2", "--eval_every", "1",
                         "--batch_size", "8", "--log_every", "1"],
                        capture_output=True, text=True, timeout=600)

@@ -149,13 +149,10 @@ def _batch(tok, texts, max_len):
     return common.tokenize(tok, texts, max_len).batch(np.arange(len(texts)))
 
 
-@pytest.mark.parametrize("which", ["tiny", "minilm"])
-def test_compose_pairs_is_the_tokenizers_pair_form(which, tiny_tok):
+@pytest.mark.parametrize("which", ["tiny", "bert_layout"])
+def test_compose_pairs_is_the_tokenizers_pair_form(which, tiny_tok, bert_layout_tokenizer):
     from transformers import AutoTokenizer
-
-    from conftest import need_shared
-    tok = tiny_tok if which == "tiny" else AutoTokenizer.from_pretrained(
-        str(need_shared("models", "all-MiniLM-L6-v2")))
+    tok = tiny_tok if which == "tiny" else AutoTokenizer.from_pretrained(str(bert_layout_tokenizer))
     tpl = conisi.pair_template(tok)
     assert (tpl.pre, tpl.mid, tpl.suf) == ((tok.cls_token_id,), (tok.sep_token_id,), (tok.sep_token_id,))
     assert (tpl.a_type, tpl.b_type, tpl.suf_types) == (0, 1, (1,))
@@ -191,7 +188,7 @@ def test_compose_pairs_docstring_example(tiny_tok):
 
     from transformers import AutoTokenizer
 
-    from conftest import need_shared
+    from conftest import MINILM, need_real
     found = re.findall(r"(input_ids|token_type_ids|attention_mask) \[([\d, ]+)\]",
                        conisi.compose_pairs.__doc__)
     assert [k for k, _ in found] == ["input_ids", "attention_mask", "input_ids", "token_type_ids",
@@ -207,7 +204,7 @@ def test_compose_pairs_docstring_example(tiny_tok):
                                pad_id=0, use_types=True)
     Y = conisi.compose_pairs(x, x, bert)
     assert {k: Y[k][0].tolist() for k in want} == want
-    tok = AutoTokenizer.from_pretrained(str(need_shared("models", "all-MiniLM-L6-v2")))
+    tok = AutoTokenizer.from_pretrained(str(need_real("models", MINILM)))
     assert conisi.pair_template(tok) == bert
     x_tok = _batch(tok, ["hello world", "hello there friend"], 5)      # a batch 5 wide
     assert x_tok["input_ids"][0].tolist() == rows[0] and x_tok["attention_mask"][0].tolist() == rows[1]
@@ -438,13 +435,13 @@ def test_head_pairs_batchnorm_reading(reading, tiny_model):
     assert gap < 1e-5 if reading == "separate" else gap > 0.5
 
 
-def test_bn_flag(tiny_model, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, monkeypatch):
+def test_bn_flag(tiny_model, tiny_bert, corpus, small_sts, tmp_path, cache_dir, monkeypatch):
     """--bn reaches the model (joint when left out); an unknown reading is refused."""
     assert conisi.Args().bn == "joint"
     seen = []
     monkeypatch.setattr(common, "train", lambda args, model, *a, **k: seen.append(model.bn) or {})
-    _run(tiny_bert, wiki_head, sts_dir, tmp_path / "a", cache_dir)
-    _run(tiny_bert, wiki_head, sts_dir, tmp_path / "b", cache_dir, "--bn", "separate")
+    _run(tiny_bert, corpus, small_sts, tmp_path / "a", cache_dir)
+    _run(tiny_bert, corpus, small_sts, tmp_path / "b", cache_dir, "--bn", "separate")
     assert seen == ["joint", "separate"]
     with pytest.raises(SystemExit):
         common.build_parser(conisi.Args).parse_args(["--bn", "apart"])
@@ -697,15 +694,15 @@ def test_paper_row_labels_fit_the_final_table():
 # end to end on CPU
 # ------------------------------------------------------------------------------------
 
-def _run(tiny_bert, wiki_head, sts_dir, out, cache_dir, *extra):
-    return conisi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+def _run(tiny_bert, data, sts_dir, out, cache_dir, *extra):
+    return conisi.main(["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(sts_dir),
                         "--output_dir", str(out), "--max_steps", "4", "--eval_every", "2",
                         "--batch_size", "8", "--max_len", "16", "--log_every", "2",
                         "--cache_dir", str(cache_dir), *extra])
 
 
 @pytest.mark.parametrize("strategy", ["s", "o1", "o2"])
-def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
+def test_end_to_end(strategy, tiny_bert, corpus, small_sts, tmp_path, cache_dir, capsys):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
     extra = ["--strategy", strategy, "--batch_size", "64", "--max_len", "32"]   # Tab. 3's: rows print
@@ -713,7 +710,7 @@ def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir
         table = tmp_path / "ant.tsv"
         table.write_text("good\tbad\nlarge\tsmall\nfirst\tlast\nnew\told\nhigh\tlow\n", encoding="utf-8")
         extra += ["--antonyms", str(table)]
-    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, *extra)
+    res = _run(tiny_bert, corpus, small_sts, tmp_path / "run", cache_dir, *extra)
     out = capsys.readouterr().out
     label = f"Tab. 6 ConIsI-{strategy}-BERT_base [paper: bert-base-uncased]"   # the tiny BERT stands in
     assert label in out and "this run" in out
@@ -742,10 +739,10 @@ def test_end_to_end(strategy, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir
 
 
 @pytest.mark.parametrize("lam", ["0", "1"])
-def test_end_to_end_tab5_ablations(lam, tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, capsys):
+def test_end_to_end_tab5_ablations(lam, tiny_bert, corpus, small_sts, tmp_path, cache_dir, capsys):
     """Tab. 5's two rows run end to end: --lam 0 (no Z: only the contrastive loss is logged, and
     it is the loss) and --lam 1 (the contrastive loss has weight 0 but is still logged)."""
-    res = _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, "--lam", lam,
+    res = _run(tiny_bert, corpus, small_sts, tmp_path / "run", cache_dir, "--lam", lam,
                "--batch_size", "64", "--max_len", "32")                # Tab. 3's: the rows print
     name = {"0": "w/o fine-grained classification loss", "1": "w/o contrastive loss"}[lam]
     assert f"Tab. 5 {name} [paper: bert-base-uncased]" in capsys.readouterr().out and res["test"] is not None
@@ -771,23 +768,23 @@ def test_end_to_end_tab5_ablations(lam, tiny_bert, wiki_head, sts_dir, tmp_path,
     ("--random_share", "-1", r"--random_share -1\.0: must be >= 0\. A probability; the paper uses 0\.8 "
                              r"\(Sec\. 3\.2\.1\)"),
 ])
-def test_range_errors_give_the_papers_values(flag, value, msg, tiny_bert, wiki_head, sts_dir, tmp_path,
+def test_range_errors_give_the_papers_values(flag, value, msg, tiny_bert, corpus, small_sts, tmp_path,
                                              cache_dir):
     with pytest.raises(UserError, match=msg):
-        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "run", cache_dir, flag, value)
+        _run(tiny_bert, corpus, small_sts, tmp_path / "run", cache_dir, flag, value)
     assert not (tmp_path / "run").exists()                            # refused before writing
 
 
-def test_user_errors(tiny_bert, wiki_head, sts_dir, tmp_path, cache_dir, monkeypatch):
+def test_user_errors(tiny_bert, corpus, small_sts, tmp_path, cache_dir, monkeypatch):
     with pytest.raises(UserError, match="--batch_size 1"):
-        conisi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(sts_dir),
+        conisi.main(["--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts),
                      "--output_dir", str(tmp_path / "a"), "--batch_size", "1"])
     with pytest.raises(UserError, match="--max_len 200"):
-        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "b", cache_dir, "--max_len", "200")
+        _run(tiny_bert, corpus, small_sts, tmp_path / "b", cache_dir, "--max_len", "200")
     with pytest.raises(UserError, match="text file"):
         conisi.main(["--data", str(tmp_path / "x.csv"), "--output_dir", str(tmp_path / "c")])
     monkeypatch.setitem(sys.modules, "nltk", None)
     monkeypatch.setitem(sys.modules, "nltk.corpus", None)
     with pytest.raises(UserError, match="pip install nltk"):
-        _run(tiny_bert, wiki_head, sts_dir, tmp_path / "d", cache_dir, "--strategy", "o2")
+        _run(tiny_bert, corpus, small_sts, tmp_path / "d", cache_dir, "--strategy", "o2")
     assert not (tmp_path / "d").exists()                              # stopped before writing

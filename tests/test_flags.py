@@ -111,21 +111,21 @@ def bad_files(tmp_path):
     return tmp_path
 
 
-def base_flags(script: str, tmp_path, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert) -> list[str]:
+def base_flags(script: str, tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert) -> list[str]:
     """A command that passes every check: the bad flag comes after it, and wins."""
     flags = ["--model", str(tiny_bert), "--sts_dir", str(small_sts), "--output_dir", str(tmp_path / "run"),
              "--batch_size", "8", "--max_steps", "2", "--cache_dir", str(tmp_path / "cache")]
     if script == "ifcl":
         return flags + ["--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
                         "--fraternal_model", str(tiny_mbert), "--queue_len", "20"]
-    return flags + ["--data", str(wiki_head)]
+    return flags + ["--data", str(corpus)]
 
 
 @pytest.mark.parametrize("script,flags,msg", CASES, ids=[f"{s}:{' '.join(f)}" for s, f, _ in CASES])
 def test_bad_flag_exits_2_with_a_message_before_anything_is_written(
-        script, flags, msg, bad_files, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert, capsys):
+        script, flags, msg, bad_files, tiny_bert, small_sts, corpus, parallel, tiny_mbert, capsys):
     tmp = bad_files
-    argv = base_flags(script, tmp, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert)
+    argv = base_flags(script, tmp, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
     argv += [f.format(tmp=tmp) for f in flags]
     with pytest.raises(SystemExit) as e:
         common.run_main(SCRIPTS[script].main, argv)   # any other exception fails the test
@@ -137,13 +137,13 @@ def test_bad_flag_exits_2_with_a_message_before_anything_is_written(
     assert not (tmp / "run").exists()                 # nothing written to --output_dir
 
 
-def test_the_valid_base_command_passes_every_check(tmp_path, tiny_bert, small_sts, wiki_head, parallel,
+def test_the_valid_base_command_passes_every_check(tmp_path, tiny_bert, small_sts, corpus, parallel,
                                                    tiny_mbert, monkeypatch):
     """The table's base command is valid for every script (so each row fails for its own flag):
     the checks pass, and start() goes on to write the run folder."""
     for name, module in SCRIPTS.items():
         out = tmp_path / name
-        argv = base_flags(name, out, tiny_bert, small_sts, wiki_head, parallel, tiny_mbert)
+        argv = base_flags(name, out, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
         args = common.parse_args(module.Args, argv)
         args.check()
         common.start(args)

@@ -49,7 +49,7 @@ def grad_eq5(s, i, tau, m) -> float:
 
 
 def grad_eq4_corrected(s, i, j, tau, m) -> float:
-    """Eq. (4) as corrected in ../shared/specs/methods.md:
+    """Eq. (4) as corrected (focal_infonce.py's erratum note):
     dL/ds_n^{ij} = ((2 s_n^{ij} + m)/tau) e^{s_n^{ij}(s_n^{ij}+m)/tau} / Z_i."""
     return (2 * s[i][j] + m) / tau * math.exp(s[i][j] * (s[i][j] + m) / tau) / z_row(s, i, tau, m)
 
@@ -211,13 +211,13 @@ def test_defaults_and_sources():
     assert common.parse_args(fi.Args, ["--no-modulate", "--m", "0.2"]).modulate is False
 
 
-def test_bad_input_errors(tmp_path, sts_dir):
+def test_bad_input_errors(tmp_path, small_sts):
     csv = tmp_path / "pairs.csv"
     csv.write_text("sent0,sent1\na,b\n")
     with pytest.raises(common.UserError, match=r"--data .*pairs\.csv.*simcse\.py"):
-        fi.main(["--data", str(csv), "--output_dir", str(tmp_path / "r1"), "--sts_dir", str(sts_dir)])
+        fi.main(["--data", str(csv), "--output_dir", str(tmp_path / "r1"), "--sts_dir", str(small_sts)])
     with pytest.raises(common.UserError, match="--tau"):
-        fi.main(["--tau", "0", "--output_dir", str(tmp_path / "r2"), "--sts_dir", str(sts_dir)])
+        fi.main(["--tau", "0", "--output_dir", str(tmp_path / "r2"), "--sts_dir", str(small_sts)])
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 
@@ -305,12 +305,12 @@ def test_every_docstring_command_parses_and_selects_a_row_unless_ours():
 # End to end on CPU: a tiny BERT, a few steps
 # -------------------------------------------------------------------------------------
 
-def test_end_to_end_tiny(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, capsys):
+def test_end_to_end_tiny(tmp_path, tiny_bert, corpus, small_sts, cache_dir, capsys):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
     run = tmp_path / "run"
-    res = fi.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
+    res = fi.main(["--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts),
                    "--output_dir", str(run), "--max_steps", "4", "--eval_every", "2",
                    "--cache_dir", str(cache_dir)])
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -703,14 +703,12 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
 
 def test_end_to_end_prints_and_stores_the_rows_its_flags_select(tmp_path, tiny_bert, tiny_mbert, small_sts,
                                                                   capsys):
-    """The default flags (batch 64, queue 416) on 128 parallel sentences: the end of the run
+    """The default flags (batch 64, queue 416) on 128 parallel (synthetic) sentences: the end of the run
     prints Tab. 1's row on the 7 tasks and Tab. 2's and Tab. 5's on STS-B test beside the run's,
     labelled as BERT-base's (the tiny encoder is not a model of the paper), and stores them."""
-    from conftest import need_shared
-    m30k = need_shared("data", "multi30k")
-    for side in ("en", "de"):
-        lines = (m30k / f"train.{side}").read_text(encoding="utf-8").splitlines()[:128]
-        (tmp_path / f"train.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from conftest import pseudo_german, write_corpus
+    english = write_corpus(tmp_path / "train.en", n=128).read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.de").write_text("\n".join(map(pseudo_german, english)) + "\n", encoding="utf-8")
     run = tmp_path / "run"
     ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert),
                "--data", str(tmp_path / "train.en"), "--fraternal_data", str(tmp_path / "train.de"),

@@ -201,9 +201,9 @@ def _same_weights(got: Path, ref: Path) -> None:
 # ------------------------------------------------------------------------------------
 
 @pytest.fixture
-def sentences(wiki_head, tmp_path) -> Path:
+def sentences(corpus, tmp_path) -> Path:
     p = tmp_path / "sentences.txt"
-    p.write_text("\n".join(wiki_head.read_text(encoding="utf-8").splitlines()[:400]) + "\n",
+    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:400]) + "\n",
                  encoding="utf-8")
     return p
 

@@ -16,7 +16,7 @@ import torch
 import common
 import rcl
 import simcse
-from conftest import need_shared
+from conftest import CORPUS_LINES
 
 # ------------------------------------------------------------------------------------
 # Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)
@@ -254,8 +254,8 @@ class Scripted(torch.nn.Module):
         return loss
 
 
-def _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, should_stop, **flags):
-    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
+def _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, should_stop, **flags):
+    args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts),
                     output_dir=str(out), cache_dir=str(cache_dir), batch_size=8, max_len=16,
                     max_steps=len(losses), **{"eval_every": 10, **flags})
     out.mkdir()
@@ -265,14 +265,14 @@ def _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, sho
                         final_eval=False)
 
 
-def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     """common.train calls should_stop at each evaluation only (every --eval_every steps and the
     last step), with the mean loss of the steps since the previous evaluation; training
     records follow --log_every, not every step."""
     losses = _batches(FALLING)[:25]
     seen = []
     # it fires at the last evaluation only: training ran all its steps, not "stopped early"
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "run", cache_dir, losses,
+    res = _train_scripted(tiny_bert, small_sts, corpus, tmp_path / "run", cache_dir, losses,
                           lambda step, loss: seen.append((step, loss)) or step == 25, log_every=4)
     assert [s for s, _ in seen] == [10, 20, 25]
     assert [x for _, x in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
@@ -282,32 +282,32 @@ def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, wi
     assert res["steps"] == 25 and not res["stopped_early"]
 
 
-def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     """Single batches rise for 3 steps right at the start: compared batch by batch (the old
     reading of "3 steps") training stops at step 4; compared as interval means at evaluations
     it trains on while the mean falls, and still stops on a plateau."""
     old = rcl.early_stop(3, 10)
     assert next(s for s, x in enumerate(_batches(FALLING), 1) if old(s, x)) == 4
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "falling", cache_dir,
+    res = _train_scripted(tiny_bert, small_sts, corpus, tmp_path / "falling", cache_dir,
                           _batches(FALLING), rcl.early_stop(3, 10))
     assert res["steps"] == 60 and not res["stopped_early"]
     # interval means 5, 4.9 | 4.9, 4.95, 4.9: three evaluations without a new low -> step 50
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, tmp_path / "plateau", cache_dir,
+    res = _train_scripted(tiny_bert, small_sts, corpus, tmp_path / "plateau", cache_dir,
                           _batches(PLATEAU), rcl.early_stop(3, 10))
     assert res["steps"] == 50 and res["stopped_early"]
     assert max(r["step"] for r in _records(tmp_path / "plateau" / "metrics.jsonl")) == 50
 
 
-def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wiki_head, tmp_path,
+def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, corpus, tmp_path,
                                                        cache_dir):
     """last/ records that should_stop ended training: a run killed after that checkpoint (before
     RCL writes DONE.json, say) resumes as stopped, and trains no step more."""
     out = tmp_path / "plateau"
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, _batches(PLATEAU),
+    res = _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, _batches(PLATEAU),
                           rcl.early_stop(3, 10))
     assert res["steps"] == 50 and res["stopped_early"]
     log = (out / "metrics.jsonl").read_text()
-    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
+    args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts), output_dir=str(out),
                     cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=60, eval_every=10,
                     resume=True)
     tok, enc = common.load_encoder(args.model)
@@ -319,7 +319,7 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, wi
     assert (out / "metrics.jsonl").read_text() == log
 
 
-def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     """common.train saves should_stop's state with last/ and loads it back on --resume, so
     a restarted entropy model keeps its patience count instead of starting from zero."""
     class Count:
@@ -336,7 +336,7 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_hea
         def load_state_dict(self, state):
             self.n = state["n"]
 
-    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts),
+    args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts),
                     output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir), batch_size=8,
                     max_steps=4, eval_every=2, max_len=16)
     (tmp_path / "run").mkdir()
@@ -355,20 +355,20 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, wiki_hea
 # The models: column layout, frozen regulators, dropout
 # ------------------------------------------------------------------------------------
 
-def _nli_batch(tokenizer, n=4):
-    cols = common.read_csv_columns(need_shared("data", "nli_sample.csv"))
+def _nli_batch(tokenizer, nli, n=4):
+    cols = common.read_csv_columns(nli)
     toks = {k: common.tokenize(tokenizer, v[:n], 16) for k, v in cols.items()}
     return {k: t.batch(np.arange(n)) for k, t in toks.items()}
 
 
-def test_models_wiring(tiny_bert):
+def test_models_wiring(tiny_bert, nli_csv):
     tok, enc = common.load_encoder(str(tiny_bert))
     frozen = [rcl.load_frozen(Path(tiny_bert), torch.device("cpu")) for _ in range(2)]
     torch.manual_seed(0)
     for f in frozen:  # two different "entropy models"
         for p in f.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    batch = _nli_batch(tok)
+    batch = _nli_batch(tok, nli_csv)
     model = rcl.RCL(enc, "avg", 0.05, frozen)
 
     def emb(e, col):
@@ -398,11 +398,11 @@ def test_models_wiring(tiny_bert):
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in enc.parameters())
 
 
-def test_hard_negative_layout_under_ddp(tiny_bert, monkeypatch):
+def test_hard_negative_layout_under_ddp(tiny_bert, nli_csv, monkeypatch):
     """Under torchrun ind must hold ALL ranks' positives first, then all hard negatives, so
     that column i stays the positive of global row i: gather is faked as two ranks here."""
     tok, enc = common.load_encoder(str(tiny_bert))
-    batch = _nli_batch(tok)
+    batch = _nli_batch(tok, nli_csv)
     monkeypatch.setattr(common, "gather", lambda x: torch.cat([x, x + 100.0]))
     with torch.no_grad():
         q, ind = rcl.query_index(enc, "avg", batch)
@@ -412,9 +412,9 @@ def test_hard_negative_layout_under_ddp(tiny_bert, monkeypatch):
         assert torch.allclose(ind[8:], torch.cat([neg, neg + 100]), atol=1e-4)
 
 
-def test_unsupervised_views_differ_in_training(tiny_bert, wiki_head):
+def test_unsupervised_views_differ_in_training(tiny_bert, corpus):
     tok, enc = common.load_encoder(str(tiny_bert))
-    text = common.read_sentences(wiki_head)[:4]
+    text = common.read_sentences(corpus)[:4]
     batch = {"text": common.tokenize(tok, text, 16).batch(np.arange(4))}
     model = rcl.EntropyModel(enc, "cls_before_pooler", 0.01, 0.05)
     model.train()
@@ -450,9 +450,9 @@ def _check_best_loads(best, pooler):
     np.testing.assert_allclose(st, ours, atol=1e-5)
 
 
-def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, capsys):
+def test_end_to_end_nli(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monkeypatch, capsys):
     out = tmp_path / "run"
-    nli = need_shared("data", "nli_sample.csv")
+    nli = nli_csv
     # spy on common.train: what each stage starts from
     from safetensors.torch import load_file
     original = load_file(str(Path(tiny_bert) / "model.safetensors"))
@@ -524,26 +524,26 @@ def test_end_to_end_nli(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch, 
     _check_best_loads(out / "best", "avg")
 
 
-def test_end_to_end_text(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+def test_end_to_end_text(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     out = tmp_path / "run"
     res = rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
-                                 ["--data", str(wiki_head), "--pooler", "cls_before_pooler"]))
+                                 ["--data", str(corpus), "--pooler", "cls_before_pooler"]))
     assert (out / "entropy_phi0.01" / rcl.DONE).is_file() and (out / "entropy_phi0.02" / rcl.DONE).is_file()
     assert any("stsb_dev" in r for r in _records(out / "metrics.jsonl"))
     assert res["test"]["avg"] > 0
-    # --eval_every 0 (default) = 10% of an epoch: 11,913 lines / 8 per step / 10, the value the
-    # run's own args.json records as well as its checkpoint's
+    # --eval_every 0 (default) = 10% of an epoch: the corpus's lines / 8 per step / 10, the value
+    # the run's own args.json records as well as its checkpoint's
     for f in (out / "args.json", out / "best" / "args.json"):
-        assert json.loads(f.read_text())["eval_every"] == 11913 // 8 // 10
+        assert json.loads(f.read_text())["eval_every"] == CORPUS_LINES // 8 // 10
     _check_best_loads(out / "best", "cls_before_pooler")
 
 
-def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, tmp_path, cache_dir,
+def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir,
                                                     monkeypatch, capsys):
     """An entropy model that stopped early says so in DONE.json and in the summary; a resumed
     run that reuses it prints the same figures without measuring anything again."""
     out = tmp_path / "run"
-    args = rcl.Args(model=str(tiny_bert), data=str(need_shared("data", "nli_sample.csv")),
+    args = rcl.Args(model=str(tiny_bert), data=str(nli_csv),
                     sts_dir=str(small_sts), output_dir=str(out), cache_dir=str(cache_dir),
                     batch_size=8, max_len=16, max_steps=6, eval_every=2, lr=1e-3, phi=[0.03])
     tok, _ = common.load_encoder(args.model)
@@ -570,9 +570,9 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, tmp_pa
     assert "reusing" in again and row in again and "row entropy start -> end" in again
 
 
-def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir, monkeypatch):
+def test_restart_reuses_entropy_models(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monkeypatch):
     out = tmp_path / "run"
-    nli = str(need_shared("data", "nli_sample.csv"))
+    nli = str(nli_csv)
     flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", nli, "--eval_every", "3"])
     real_train = common.train
 
@@ -614,8 +614,8 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, tmp_path, cache_dir
 # Bad input
 # ------------------------------------------------------------------------------------
 
-def test_bad_flags(tiny_bert, sts_dir, tmp_path, cache_dir):
-    base = ["--model", str(tiny_bert), "--sts_dir", str(sts_dir), "--cache_dir", str(cache_dir)]
+def test_bad_flags(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir):
+    base = ["--model", str(tiny_bert), "--sts_dir", str(small_sts), "--cache_dir", str(cache_dir)]
     with pytest.raises(common.UserError, match="--phi"):
         rcl.main(base + ["--output_dir", str(tmp_path / "a"), "--phi", "0.01", "0.01"])
     with pytest.raises(common.UserError, match="--tau"):
@@ -628,7 +628,7 @@ def test_bad_flags(tiny_bert, sts_dir, tmp_path, cache_dir):
         rcl.main(base + ["--output_dir", str(tmp_path / "d"), "--data", str(bad)])
     with pytest.raises(common.UserError, match="--batch_size"):
         rcl.main(base + ["--output_dir", str(tmp_path / "e"), "--data",
-                         str(need_shared("data", "nli_sample.csv")), "--batch_size", "5000"])
+                         str(nli_csv), "--batch_size", "5000"])
 
 
 # ------------------------------------------------------------------------------------
@@ -650,7 +650,7 @@ def test_regulator_terms_match_loop():
                  - rcl.contrastive_loss(q, ind, tau))
 
 
-def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wiki_head, tmp_path, cache_dir):
+def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     """App. A's early stop has its own interval: checks every 5 steps, evaluations every 20.
     Interval means 5.0, 4.9 | 4.95, 4.95, 4.92: three checks without a new low stop training at
     step 25, between two evaluations; the run is evaluated and checkpointed there, so last/ and
@@ -665,7 +665,7 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
         seen.append((step, loss))
         return stop(step, loss)
     spy.every = stop.every
-    res = _train_scripted(tiny_bert, small_sts, wiki_head, out, cache_dir, losses, spy, eval_every=20)
+    res = _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, spy, eval_every=20)
     assert [s for s, _ in seen] == [5, 10, 15, 20, 25]
     assert [x for _, x in seen] == pytest.approx(means[:5])
     assert res["steps"] == 25 and res["stopped_early"] and res["total"] == 40
@@ -674,7 +674,7 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
     assert res["last_dev"] == [r["stsb_dev"] for r in recs if "stsb_dev" in r][-1]
     state = torch.load(out / "last" / "state.pt", weights_only=False)
     assert state["step"] == 25 and state["stopped_early"]
-    args = rcl.Args(model=str(tiny_bert), data=str(wiki_head), sts_dir=str(small_sts), output_dir=str(out),
+    args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts), output_dir=str(out),
                     cache_dir=str(cache_dir), batch_size=8, max_len=16, max_steps=40, eval_every=20,
                     resume=True)
     tok, enc = common.load_encoder(args.model)
@@ -684,7 +684,8 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, wik
     assert again["steps"] == 25 and again["stopped_early"] and model.t == 0
 
 
-def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, tmp_path, cache_dir,
+def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, nli_csv, tmp_path,
+                                                           cache_dir,
                                                           monkeypatch):
     """--regulate_with best: stage 2 holds each entropy model's best/ weights;
     --final_hard_negatives: the final model sees the contradictions too."""
@@ -698,7 +699,7 @@ def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, 
 
     monkeypatch.setattr(common, "train", spy)
     rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
-                           ["--data", str(need_shared("data", "nli_sample.csv")), "--eval_every", "1",
+                           ["--data", str(nli_csv), "--eval_every", "1",
                             "--regulate_with", "best", "--final_hard_negatives"]))
     from safetensors.torch import load_file
     for f, phi in zip(frozen[2], ("0.01", "0.02")):
@@ -711,11 +712,11 @@ def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, 
     assert columns == [["hard_neg", "sent0", "sent1"]] * 3
 
 
-def test_final_model_without_hard_negatives_is_eq3(tiny_bert):
+def test_final_model_without_hard_negatives_is_eq3(tiny_bert, nli_csv):
     """Stage 2's default: the batch without its hard_neg column, Eq. (3) on q = sent0 and
     ind = sent1; with the column, the contradictions are extra columns of the first term."""
     tok, enc = common.load_encoder(str(tiny_bert))
-    batch = _nli_batch(tok)
+    batch = _nli_batch(tok, nli_csv)
     frozen = [rcl.load_frozen(Path(tiny_bert), torch.device("cpu"))]
     model = rcl.RCL(enc, "avg", 0.05, frozen, [0.01]).eval()
     with torch.no_grad():
@@ -785,11 +786,11 @@ def test_paper_rows_per_phi_and_data():
                           "sentence-transformers/nli-roberta-base-v2]"] and "not a model" in note
 
 
-def test_end_to_end_prints_its_paper_row(tiny_bert, small_sts, tmp_path, cache_dir, capsys):
+def test_end_to_end_prints_its_paper_row(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, capsys):
     """A tiny run of both stages at the paper's settings (batch 64, the defaults) on a file named
     as SimCSE's NLI triplets ends with Tab. 4's row for its phi beside its own figures."""
     data = tmp_path / "nli_for_simcse.csv"                             # the rows need this CSV
-    data.write_text(need_shared("data", "nli_sample.csv").read_text(encoding="utf-8"), encoding="utf-8")
+    data.write_text(nli_csv.read_text(encoding="utf-8"), encoding="utf-8")
     out = tmp_path / "run"
     rcl.main(["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
               "--output_dir", str(out), "--cache_dir", str(cache_dir), "--max_steps", "2", "--phi", "0.01"])

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, need_shared
 
 import common
 import simcse
+from conftest import ROOT
 
 
 def cos(a, b):
@@ -92,10 +92,10 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+def test_unsupervised_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    res = _run(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir)
+    res = _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir)
     run = tmp_path / "run"
     recs = _metrics(run)
     train = [r for r in recs if "loss" in r]
@@ -116,12 +116,12 @@ def test_unsupervised_end_to_end(tmp_path, tiny_bert, wiki_head, sts_dir, cache_
     st = SentenceTransformer(str(best), device="cpu")
     assert np.allclose(st.encode(sents), ours, atol=1e-5)
     # and it scores what the run reported
-    again = common.evaluate_sts(common.make_encode(enc, tok, "cls_before_pooler"), sts_dir,
+    again = common.evaluate_sts(common.make_encode(enc, tok, "cls_before_pooler"), small_sts,
                                 tasks=["STSBenchmark"], split="dev")
     assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
 
 
-def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_head, small_sts,
+def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, corpus, small_sts,
                                                    cache_dir, monkeypatch):
     """from_pretrained() returns eval mode; training must switch dropout on, or the two views
     of unsupervised SimCSE are the same vector and the loss teaches nothing."""
@@ -133,7 +133,7 @@ def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, wiki_hea
         return real(h, h_pos, tau)
 
     monkeypatch.setattr(simcse, "simcse_loss", spy)
-    _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2")
+    _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2")
     assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
 
 
@@ -159,13 +159,14 @@ def test_supervised_columns_pad_with_the_models_pad_id():
     assert mask.sum() == 2 * (3 + 5 + 2)
 
 
-def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
+def test_roberta_end_to_end(tmp_path, corpus, small_sts, cache_dir):
     """RoBERTa (byte-level BPE, positions offset by the padding index) trains and saves too."""
-    from conftest import build_tiny_roberta
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    rob = build_tiny_roberta(tmp_path / "rob", [wiki_head])
-    res = _run(tmp_path, rob, wiki_head, small_sts, cache_dir)
+
+    from conftest import build_tiny_roberta
+    rob = build_tiny_roberta(tmp_path / "rob", [corpus])
+    res = _run(tmp_path, rob, corpus, small_sts, cache_dir)
     assert math.isfinite(res["best_dev"])
     assert set(res["test"]) == set(common.STS_TASKS) | {"avg", "alignment", "uniformity"}
     best = tmp_path / "run" / "best"
@@ -175,11 +176,10 @@ def test_roberta_end_to_end(tmp_path, wiki_head, small_sts, cache_dir):
     assert np.allclose(SentenceTransformer(str(best), device="cpu").encode(sents), ours, atol=1e-5)
 
 
-def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, sts_dir, cache_dir):
+def test_supervised_end_to_end_keeps_mlp(tmp_path, tiny_bert, nli_csv, small_sts, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
-    nli = need_shared("data", "nli_sample.csv")
-    _run(tmp_path, tiny_bert, nli, sts_dir, cache_dir)
+    _run(tmp_path, tiny_bert, nli_csv, small_sts, cache_dir)
     run = tmp_path / "run"
     args = json.loads((run / "args.json").read_text())
     assert args["pooler"] == "cls" and args["lr"] == 5e-5 and args["epochs"] == 3   # CSV defaults
@@ -222,9 +222,9 @@ def test_table6_poolers_train_on_the_vector_the_row_names(tiny_bert, pooler, mlp
 
 @pytest.mark.parametrize("flags,pooler", [(["--no_mlp"], "cls_before_pooler"),
                                           (["--pooler", "avg_first_last"], "avg_first_last")])
-def test_table6_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, flags, pooler):
+def test_table6_rows_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir, flags, pooler):
     from transformers import AutoModel, AutoTokenizer
-    res = _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2", *flags)
+    res = _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2", *flags)
     best = tmp_path / "run" / "best"
     assert json.loads((best / "test_metrics.json").read_text())["pooler"] == pooler
     enc, tok = AutoModel.from_pretrained(best), AutoTokenizer.from_pretrained(best)
@@ -233,17 +233,17 @@ def test_table6_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache
     assert again["STSBenchmark"]["spearman"] == pytest.approx(res["best_dev"], abs=0.01)
 
 
-def test_no_mlp_with_the_cls_pooler_is_refused(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir):
+def test_no_mlp_with_the_cls_pooler_is_refused(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     with pytest.raises(common.UserError, match="--no_mlp with --pooler cls"):
-        _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--no_mlp", "--pooler", "cls")
+        _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--no_mlp", "--pooler", "cls")
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wiki_head, sts_dir,
+def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, corpus, small_sts,
                                                          cache_dir, monkeypatch):
     full = tmp_path / "full"
     full.mkdir()
-    _run(full, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+    _run(full, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     ref = {r["step"]: r["loss"] for r in _metrics(full / "run") if "loss" in r}
 
     # kill the second run inside step 4 (after the checkpoint of step 2; step 3 is logged)
@@ -260,14 +260,14 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
     part = tmp_path / "part"
     part.mkdir()
     with pytest.raises(KeyboardInterrupt):
-        _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     monkeypatch.setattr(common, "train_step", real)
     with pytest.raises(common.UserError, match="already holds a run"):
-        _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     assert [r["step"] for r in _metrics(part / "run") if "loss" in r] == [1, 2, 3]
     with open(part / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "lo')                       # a line cut short by the kill
-    _run(part, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6", "--resume")
+    _run(part, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6", "--resume")
     # step 3 was trained again: the log holds it once, as if the run had not been interrupted
     assert [(r["step"], "loss" in r) for r in _metrics(part / "run")] == \
         [(r["step"], "loss" in r) for r in _metrics(full / "run")]
@@ -277,7 +277,7 @@ def test_resume_redoes_nothing_and_matches_uninterrupted(tmp_path, tiny_bert, wi
         assert got[s] == pytest.approx(ref[s], rel=1e-5), s
 
 
-def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir, monkeypatch):
+def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, corpus, small_sts, cache_dir, monkeypatch):
     real = simcse.simcse_loss
     calls = {"n": 0}
 
@@ -288,23 +288,23 @@ def test_nan_loss_stops_and_keeps_best(tmp_path, tiny_bert, wiki_head, sts_dir, 
 
     monkeypatch.setattr(simcse, "simcse_loss", bad)
     with pytest.raises(common.UserError, match="NaN") as e:
-        _run(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir, "--max_steps", "6")
+        _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "6")
     assert "best checkpoint so far is kept" in str(e.value)
     assert (tmp_path / "run" / "best" / "config.json").exists()     # saved at step 2
 
 
-def test_bad_inputs_are_clear_errors(tmp_path, tiny_bert, wiki_head, sts_dir, cache_dir):
+def test_bad_inputs_are_clear_errors(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     with pytest.raises(common.UserError, match="no such file"):
-        _run(tmp_path, tiny_bert, tmp_path / "missing.txt", sts_dir, cache_dir)
+        _run(tmp_path, tiny_bert, tmp_path / "missing.txt", small_sts, cache_dir)
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(common.UserError, match="no sentences"):
-        _run(tmp_path / "e", tiny_bert, tmp_path / "empty.txt", sts_dir, cache_dir)
+        _run(tmp_path / "e", tiny_bert, tmp_path / "empty.txt", small_sts, cache_dir)
     (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe broken\n")
     with pytest.raises(common.UserError, match="line 2 is not UTF-8"):
-        _run(tmp_path / "b", tiny_bert, tmp_path / "bad.txt", sts_dir, cache_dir)
+        _run(tmp_path / "b", tiny_bert, tmp_path / "bad.txt", small_sts, cache_dir)
     (tmp_path / "small.txt").write_text("one\ntwo\nthree\n")
     with pytest.raises(common.UserError, match="--batch_size 8 is larger than the data"):
-        _run(tmp_path / "s", tiny_bert, tmp_path / "small.txt", sts_dir, cache_dir)
+        _run(tmp_path / "s", tiny_bert, tmp_path / "small.txt", small_sts, cache_dir)
 
 
 def test_command_line_errors_exit_2_with_a_message(tmp_path):
@@ -451,14 +451,14 @@ def _spy_views(monkeypatch) -> list:
 
 @pytest.mark.parametrize("flags,p,row", [(["--dropout", "0"], 0.0, "Tab. 3 p = 0.0"),
                                          (["--fixed_mask"], 0.1, "Tab. 3 Fixed 0.1")])
-def test_table3_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, monkeypatch, capsys,
+def test_table3_rows_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir, monkeypatch, capsys,
                                 flags, p, row):
     """p = 0 (no noise) and one mask for both views give identical views in training (the
     paper's two special variants); --dropout sets the encoder's config; the run ends with the
     row beside its figures, kept in best/test_metrics.json."""
     seen = _spy_views(monkeypatch)
     # the row's batch size (App. A's 64): a flag that changes training, so a row depends on it
-    _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, "--max_steps", "2", "--batch_size", "64",
+    _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2", "--batch_size", "64",
          *flags)
     assert seen and all(torch.allclose(h, hp, atol=1e-6) for h, hp in seen)
     best = tmp_path / "run" / "best"
@@ -472,7 +472,7 @@ def test_table3_rows_end_to_end(tmp_path, tiny_bert, wiki_head, small_sts, cache
     assert "not a model the paper trained" in stored["paper_note"]
 
 
-def test_dropout_changes_the_encoders_dropout(tmp_path, tiny_bert, wiki_head, small_sts, monkeypatch):
+def test_dropout_changes_the_encoders_dropout(tmp_path, tiny_bert, corpus, small_sts, monkeypatch):
     """--dropout p reaches the encoder's hidden and attention dropout (default 0.1, the tiny
     model's own, so the default run is unchanged)."""
     seen = {}
@@ -486,7 +486,7 @@ def test_dropout_changes_the_encoders_dropout(tmp_path, tiny_bert, wiki_head, sm
     monkeypatch.setattr(common, "load_encoder", spy)
     for p in ("0.3", None):
         with pytest.raises(KeyboardInterrupt):
-            simcse.main(["--model", str(tiny_bert), "--data", str(wiki_head), "--sts_dir", str(small_sts),
+            simcse.main(["--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts),
                          "--output_dir", str(tmp_path / f"run{p}"), "--cache_dir", str(tmp_path / "c")]
                         + (["--dropout", p] if p else []))
     assert set(seen) == {0.3, 0.1}
@@ -502,13 +502,13 @@ def test_dropout_changes_the_encoders_dropout(tmp_path, tiny_bert, wiki_head, sm
 @pytest.mark.parametrize("flags,rows", [
     (["--alpha", "0.5"], ["Tab. 7 Contradiction, alpha = 0.5"]),
     (["--no_hard_neg"], ["Tab. 7 N/A", "Tab. 4 SNLI+MNLI entailment, full"])])
-def test_supervised_rows_end_to_end(tmp_path, tiny_bert, small_sts, cache_dir, monkeypatch, capsys, flags,
-                                    rows):
+def test_supervised_rows_end_to_end(tmp_path, tiny_bert, small_sts, nli_csv, cache_dir, monkeypatch, capsys,
+                                    flags, rows):
     """A CSV named nli_for_simcse.csv in any folder selects the NLI rows; --alpha reaches the loss;
     --no_hard_neg trains Eq. (4) on the pairs alone."""
     nli = tmp_path / "elsewhere" / "nli_for_simcse.csv"
     nli.parent.mkdir()
-    shutil.copy(need_shared("data", "nli_sample.csv"), nli)
+    shutil.copy(nli_csv, nli)
     calls = {"sup": [], "unsup": 0}
     real_sup, real_unsup = simcse.simcse_sup_loss, simcse.simcse_loss
 
@@ -609,20 +609,19 @@ def test_every_row_is_a_distinct_flag_set_of_its_table():
 @pytest.mark.parametrize("flags,message", [
     (["--alpha", "2"], r"--alpha 2 with --data .*wiki1m_head\.txt: it acts on the hard negatives"),
     (["--no_hard_neg"], r"--no_hard_neg with --data .*wiki1m_head\.txt"),
-    (["--data", "{nli}", "--fixed_mask"], r"--fixed_mask with --data .*nli_sample\.csv: one dropout mask"),
+    (["--data", "{nli}", "--fixed_mask"], r"--fixed_mask with --data .*nli\.csv: one dropout mask"),
     (["--data", "{nli}", "--no_hard_neg", "--alpha", "2"], r"--alpha 2 with --no_hard_neg: there is no hard"),
     (["--alpha", "0"], r"--alpha 0\.0: must be > 0\. .*Tab\. 7 tries 0\.5, 1 and 2"),
     (["--dropout", "1"], r"--dropout 1\.0: must be < 1\. .*Tab\. 3 tries 0, 0\.01"),
     (["--dropout", "-0.1"], r"--dropout -0\.1: must be >= 0"),
 ])
-def test_new_flags_are_checked_before_anything_is_written(tmp_path, tiny_bert, wiki_head, small_sts,
+def test_new_flags_are_checked_before_anything_is_written(tmp_path, tiny_bert, corpus, small_sts, nli_csv,
                                                           cache_dir, flags, message):
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("sent0,sent1\n" + "".join(f"a{i},b{i}\n" for i in range(20)))
-    nli = need_shared("data", "nli_sample.csv")
-    flags = [f.format(nli=nli, pairs=pairs) for f in flags]
+    flags = [f.format(nli=nli_csv, pairs=pairs) for f in flags]
     with pytest.raises(common.UserError, match=message):
-        _run(tmp_path, tiny_bert, wiki_head, small_sts, cache_dir, *flags)
+        _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, *flags)
     assert not (tmp_path / "run").exists()
 
 

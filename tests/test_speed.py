@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 import common
 import simcse
-from conftest import ROOT, need_shared
+from conftest import ROOT
 from tools import bench
 
 
@@ -254,18 +254,18 @@ def test_gather_is_identity_in_one_process():
 
 
 TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtures
-    "simcse": ["simcse.py", "--data", "{wiki_head}"],
+    "simcse": ["simcse.py", "--data", "{corpus}"],
     "simcse_nli": ["simcse.py", "--data", "{nli}"],
-    "focal_infonce": ["focal_infonce.py", "--data", "{wiki_head}"],
+    "focal_infonce": ["focal_infonce.py", "--data", "{corpus}"],
     "ifcl": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data", "{parallel}/de.txt",
              "--fraternal_model", "{tiny_mbert}", "--queue_len", "20"],
-    "conisi": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16"],
-    "rcl": ["rcl.py", "--data", "{wiki_head}", "--phi", "0.01", "0.02"],
+    "conisi": ["conisi.py", "--data", "{corpus}", "--max_len", "16"],
+    "rcl": ["rcl.py", "--data", "{corpus}", "--phi", "0.01", "0.02"],
     # ablations that switch parts off: no trainable weight may go without a gradient under DDP
-    "conisi_lam0": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16", "--lam", "0"],
-    "conisi_lam1": ["conisi.py", "--data", "{wiki_head}", "--max_len", "16", "--lam", "1"],
-    "simcse_first_last": ["simcse.py", "--data", "{wiki_head}", "--pooler", "avg_first_last"],
-    "simcse_no_mlp": ["simcse.py", "--data", "{wiki_head}", "--no_mlp"],
+    "conisi_lam0": ["conisi.py", "--data", "{corpus}", "--max_len", "16", "--lam", "0"],
+    "conisi_lam1": ["conisi.py", "--data", "{corpus}", "--max_len", "16", "--lam", "1"],
+    "simcse_first_last": ["simcse.py", "--data", "{corpus}", "--pooler", "avg_first_last"],
+    "simcse_no_mlp": ["simcse.py", "--data", "{corpus}", "--no_mlp"],
     "ifcl_simcse_row": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_model", "unused",
                         "--no_fraternal", "--no_queue"],
     "ifcl_train_embeddings": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data",
@@ -279,11 +279,11 @@ TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtur
 
 def _case_argv(case: str, request) -> list[str]:
     """The script and its flags for one of TORCHRUN_CASES, the fixtures filled in."""
-    fixtures = {name: request.getfixturevalue(name) for name in ("wiki_head", "parallel", "tiny_mbert",
+    fixtures = {name: request.getfixturevalue(name) for name in ("corpus", "parallel", "tiny_mbert",
                                                                  "tiny_mt")
                 if any("{" + name + "}" in f for f in TORCHRUN_CASES[case])}
     if case == "simcse_nli":
-        fixtures["nli"] = need_shared("data", "nli_sample.csv")
+        fixtures["nli"] = request.getfixturevalue("nli_csv")
     return [f.format(**fixtures) for f in TORCHRUN_CASES[case]]
 
 
