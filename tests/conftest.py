@@ -277,9 +277,9 @@ def write_sts_tree(root: Path, counts: dict, seed: int = 0, unscored: int = 1,
     for split, n in counts["SICKRelatedness"].items():
         k += 1
         rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
-        judgment = {True: "ENTAILMENT", False: "NEUTRAL"}
-        rows += [f"{i + 1}\t{a}\t{b}\t{g:.1f}\t{judgment[g > 4] if g > 2 else 'CONTRADICTION'}"
-                 for i, (a, b, g) in enumerate(sts_pairs(n, k, 1.0, 5.0, lengths))]
+        for i, (a, b, g) in enumerate(sts_pairs(n, k, 1.0, 5.0, lengths)):
+            judgment = "ENTAILMENT" if g > 4 else "NEUTRAL" if g > 2 else "CONTRADICTION"
+            rows.append(f"{i + 1}\t{a}\t{b}\t{g:.1f}\t{judgment}")
         (root / "SICK" / names[split]).write_text("\n".join(rows) + "\n", encoding="utf-8")
     return root
 
