@@ -1,8 +1,8 @@
 r"""Finished runs side by side: the 7 STS tasks and their average, one row a configuration.
 
     python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
-    python tools/compare.py runs/tb/simcse-s* --baseline ../shared/models/all-MiniLM-L6-v2 \
-        --pooler cls_before_pooler --sts_dir ../shared/data/sts
+    python tools/compare.py runs/tb/simcse-s* --baseline sentence-transformers/all-MiniLM-L6-v2 \
+        --pooler cls_before_pooler --sts_dir data/sts
 
 Runs whose args.json agree on everything but --seed and the flags that say where and how a
 run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
