@@ -1,0 +1,576 @@
+"""A run's record tells the truth: the run folder is changed only by the run it holds.
+
+On simcse.py's real runs (tiny BERT, small STS, CPU):
+- --resume with other training flags, or other data, stops before anything is written (exit 2),
+  naming each difference with both values; flags that only say where and how a run is written
+  (common.NOT_TRAINING) may change;
+- a last/state.pt that is not this run's checkpoint (cut short, empty, text, another model's, one
+  that carries code) is refused in one line (exit 2), naming what is still good, and the folder is
+  left byte for byte as it was; a pickled callable is never run;
+- a write that fails (ENOSPC) in last/, best/, metrics.jsonl or the token cache ends the run in
+  one line (exit 4) naming what failed and the intact checkpoint, and the same command plus
+  --resume then gives the uninterrupted run's log; an --output_dir that cannot be written is
+  refused at the start (exit 2);
+- SIGTERM ends a run like Ctrl-C (exit 143, one line with --resume) and lets go of the folder at
+  once: a second process takes it while the first is still alive.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from test_kill_resume import _records, _same_run
+
+import common
+import simcse
+
+ENOSPC = "No space left on device"
+# every run here: checkpoints (last/, and best/ when the best) at steps 2, 4 and 6, a training
+# record every step: the log reads 1, 2, 2 (eval), 3, 4, 4 (eval), 5, 6, 6 (eval)
+FLAGS = ["--batch_size", "8", "--max_steps", "6", "--eval_every", "2", "--log_every", "1",
+         "--lr", "1e-3", "--max_len", "16"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One thread: every run here and its reference compute alike (the resumed runs are compared
+    with the uninterrupted one record for record), and a tiny model is quicker on busy cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, wiki_head) -> Path:
+    """300 sentences of wiki1m_head."""
+    p = tmp_path_factory.mktemp("data") / "sentences.txt"
+    p.write_text("\n".join(wiki_head.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
+    return p
+
+
+def _argv(out: Path, tiny_bert: Path, data: Path, sts: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(sts), "--output_dir", str(out),
+            "--cache_dir", str(cache), *FLAGS, *extra]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    """simcse.py's main under common.run_main, as `python simcse.py ARGV` runs it: (exit status,
+    stderr). run_main's SIGTERM handler is put back as it was, for the rest of the session."""
+    handler = signal.getsignal(signal.SIGTERM)
+    capsys.readouterr()
+    code = 0
+    try:
+        common.run_main(simcse.main, argv)
+    except SystemExit as e:
+        code = e.code
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return code, capsys.readouterr().err
+
+
+def _error(err: str) -> str:
+    """The one error message of a run's stderr (from `error: ` to the end, progress bars left out),
+    no traceback. (Where the message starts on the screen: test_an_error_starts_a_line_of_its_own.)"""
+    assert "Traceback" not in err, err[-3000:]
+    assert err.count("error: ") == 1, err[-3000:]
+    lines = re.split(r"\r|\n", err[err.index("error: "):])     # a progress bar redraws after \r
+    return "\n".join(line for line in lines if line and not line.startswith("simcse:"))
+
+
+def _one_line_error(err: str) -> str:
+    message = _error(err)
+    assert "\n" not in message.strip(), message
+    return message
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file and folder under `folder` (hidden ones too) with its content's sha256. run.lock is
+    left out: it is the lock, which names whichever process took the folder last."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*")) if p.name != common.LOCK}
+
+
+def _interrupt_at_step(n: int):
+    """A train_step that raises KeyboardInterrupt (Ctrl-C) on its n-th call."""
+    real, calls = common.train_step, [0]
+
+    def step(*a, **k):
+        calls[0] += 1
+        if calls[0] == n:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    return step
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+    """A finished 6-step run: the reference of every resumed run here."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cache = out.parent / "cache"
+    assert simcse.main(_argv(out, tiny_bert, data, small_sts, cache))["steps"] == 6
+    common.release_run_folders()
+    return out
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+    """The same run stopped (Ctrl-C) inside step 4: last/ holds step 2, the log steps 1-3."""
+    out = tmp_path_factory.mktemp("interrupted") / "run"
+    cache = out.parent / "cache"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(common, "train_step", _interrupt_at_step(4))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simcse.main(_argv(out, tiny_bert, data, small_sts, cache))
+    finally:
+        mp.undo()
+        common.release_run_folders()
+    assert [r["step"] for r in _records(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
+    return out
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    """A copy of a module run to change (output_dir is not a training flag: --resume accepts it)."""
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# --resume is held to the run's record
+# ------------------------------------------------------------------------------------
+
+def test_resume_with_other_flags_is_refused_and_changes_nothing(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys):
+    out = _copy(finished, tmp_path)
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume", "--lr", "0.01",
+                           "--max_steps", "12"), capsys)
+    assert code == 2, err[-3000:]
+    message = _error(err)
+    # one line per difference, with both values; then how to start a new run instead
+    assert "--lr: the run has 0.001, this command 0.01" in message, message
+    assert "--max_steps: the run has 6, this command 12" in message, message
+    assert sum(line.startswith("  --") for line in message.splitlines()) == 2, message
+    assert "start a new run" in message and "--output_dir" in message, message
+    assert _tree(out) == before           # args.json, run.json, metrics.jsonl, last/, best/ as they were
+    assert not (tmp_path / "cache").exists(), "refused after the data were tokenised"
+
+
+def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_bert, data, small_sts,
+                                                               capsys):
+    mine = tmp_path / "sentences.txt"
+    shutil.copy(data, mine)
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, cache, "--max_steps", "2"), capsys)
+    assert code == 0, err[-3000:]
+    run_json = json.loads((out / "run.json").read_text())
+    assert run_json == {"script": "simcse.py", "data_sha256": hashlib.sha256(mine.read_bytes()).hexdigest()}
+    # the same file name, other content: 200 of its 300 lines
+    mine.write_text("\n".join(mine.read_text(encoding="utf-8").splitlines()[:200]) + "\n", encoding="utf-8")
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, cache, "--max_steps", "2", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _error(err)
+    assert f"--data {mine}: its content is not the data the run started with" in message, message
+    assert sum(line.startswith("  --") for line in message.splitlines()) == 1, message
+    assert "start a new run" in message, message
+    assert _tree(out) == before
+
+
+def test_resume_may_change_where_and_how_a_run_is_written(tmp_path, tiny_bert, data, small_sts,
+                                                          interrupted, finished, capsys):
+    """--log_every, --cache_dir and --compile (NOT_TRAINING) say nothing about what is trained:
+    accepted; args.json keeps the values the run started with."""
+    out = _copy(interrupted, tmp_path)
+    args_before = (out / "args.json").read_bytes()
+    cache = tmp_path / "other_cache"
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache, "--resume", "--log_every", "3",
+                           "--no-compile"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"resuming {out} at step 2 " in err, err[-3000:]
+    assert list(cache.glob("tok-*.npz")), "the new --cache_dir was not used"
+    assert (out / "args.json").read_bytes() == args_before
+    recs = _records(out / "metrics.jsonl")
+    # steps 1-2 logged every step, then every 3rd from the resume on (and at every evaluation)
+    assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3, 4, 6]
+    assert [r["step"] for r in recs if "stsb_dev" in r] == [2, 4, 6]
+    want = {r["step"]: r["loss"] for r in _records(finished / "metrics.jsonl") if "loss" in r}
+    # the same steps trained: steps 1-4 logged one step each, as the reference logged them
+    assert all(r["loss"] == want[r["step"]] for r in recs if "loss" in r and r["step"] <= 4)
+
+
+# ------------------------------------------------------------------------------------
+# A last/state.pt that is not this run's checkpoint
+# ------------------------------------------------------------------------------------
+
+def _other_model(path: Path) -> None:
+    """A whole checkpoint of another script's model: the same layout, other module names."""
+    state = torch.load(path, weights_only=True)
+    state["model"] = {f"student.{k}": v for k, v in state["model"].items()}
+    state["model"]["queue"] = torch.zeros(16, 32)
+    torch.save(state, path)
+
+
+DAMAGES = {
+    "cut to half": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "empty": lambda p: p.write_bytes(b""),
+    "a text file": lambda p: p.write_text("step 4, loss 0.12\n"),
+    "another script's model": _other_model,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, damage):
+    out = _copy(finished, tmp_path)
+    state = out / "last" / "state.pt"
+    DAMAGES[damage](state)
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{state}: not a checkpoint of this run" in message, message
+    # what is still good: best/ (and its step) and the log; what to do
+    best_step = json.loads((out / "best" / "dev_metrics.json").read_text())["step"]
+    assert f"Still good, and left as they are: {out / 'best'} (the model of step {best_step}) and " \
+           f"{out / 'metrics.jsonl'}" in message, message
+    assert "another --output_dir" in message, message
+    assert _tree(out) == before
+
+
+class _Shell:
+    """Unpickling this runs a shell command: what a state.pt from an untrusted source may carry."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("payload", ["os.system", "print"])
+def test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, payload):
+    out = _copy(finished, tmp_path)
+    state_pt = out / "last" / "state.pt"
+    state = torch.load(state_pt, weights_only=True)
+    marker, armed = tmp_path / "marker", tmp_path / "armed"
+    state["x"] = _Shell(f"touch {marker}") if payload == "os.system" else print
+    torch.save(state, state_pt)
+    if payload == "os.system":                 # the payload is live: a plain torch.load runs it
+        probe = tmp_path / "probe.pt"
+        torch.save({"x": _Shell(f"touch {armed}")}, probe)
+        torch.load(probe, weights_only=False)
+        assert armed.exists()
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{state_pt}: not a checkpoint of this run (it holds objects other than tensors" in message, \
+        message
+    assert not marker.exists(), "loading the checkpoint ran the code it carries"
+    assert _tree(out) == before
+
+
+# ------------------------------------------------------------------------------------
+# A write that fails: one line, exit 4; then --resume gives the uninterrupted run
+# ------------------------------------------------------------------------------------
+
+def _no_space() -> OSError:
+    return OSError(errno.ENOSPC, ENOSPC)
+
+
+def _fail_last(monkeypatch, out: Path) -> str:
+    """torch.save of last/state.pt fails at the second checkpoint (step 4)."""
+    real, calls = torch.save, [0]
+
+    def save(obj, f, *a, **k):
+        if Path(f).name == "state.pt":
+            calls[0] += 1
+            if calls[0] == 2:
+                raise _no_space()
+        return real(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save)
+    return f"could not write {out / 'last'}: {ENOSPC}. the last complete checkpoint, step 2, is intact"
+
+
+def _fail_best(monkeypatch, out: Path) -> str:
+    """best/ fails to save at step 2, after last/ of step 2 was committed: its temporary folder
+    begun, as a disk that fills up mid-save leaves it."""
+    def save(path, *a, **k):
+        common._atomic_dir(Path(path))
+        raise _no_space()
+    monkeypatch.setattr(common, "save_pretrained_dir", save)
+    return f"could not write {out / 'best'}: {ENOSPC}. the last complete checkpoint, step 2, is intact"
+
+
+def _fail_log(monkeypatch, out: Path) -> str:
+    """The 4th append to metrics.jsonl (step 3's training record) fails, after step 2's checkpoint."""
+    calls = [0]
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            raise _no_space()
+
+    def fake_open(file, mode="r", *a, **k):
+        f = open(file, mode, *a, **k)
+        if Path(file).name == "metrics.jsonl" and "a" in mode:
+            calls[0] += 1
+            if calls[0] == 4:
+                return Full(f)
+        return f
+    monkeypatch.setattr(common, "open", fake_open, raising=False)     # common's open() finds it first
+    return f"could not write {out / 'metrics.jsonl'}: {ENOSPC}. the last complete checkpoint, step 2, " \
+        f"is intact"
+
+
+def _fail_cache(monkeypatch, out: Path) -> str:
+    """np.savez of the token cache fails (on a resume with a new --cache_dir, after step 2's checkpoint)."""
+    def savez(*a, **k):
+        raise _no_space()
+    monkeypatch.setattr(np, "savez", savez)
+    return f"{ENOSPC}. the last complete checkpoint, step 2, is intact"
+
+
+FAILS = {"last/": _fail_last, "best/": _fail_best, "metrics.jsonl": _fail_log, "the token cache": _fail_cache}
+
+
+@pytest.mark.parametrize("place", list(FAILS))
+def test_a_failed_write_ends_in_one_line_and_resume_completes_the_run(
+        tmp_path, tiny_bert, data, small_sts, interrupted, finished, capsys, monkeypatch, place):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    if place == "the token cache":
+        # the cache is written before training: on a resume (step 2 kept) that tokenises anew
+        out = _copy(interrupted, tmp_path)
+        argv = _argv(out, tiny_bert, data, small_sts, cache, "--resume")
+    else:
+        argv = _argv(out, tiny_bert, data, small_sts, cache)
+    with monkeypatch.context() as mp:
+        want = FAILS[place](mp, out)
+        code, err = _run(argv, capsys)
+    assert code == 4, err[-3000:]
+    message = _one_line_error(err)
+    assert want in message, message
+    if place == "the token cache":
+        assert f"could not write the token cache {cache}" in message, message
+    assert "the same command plus --resume continues" in message, message
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache, "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert "resuming " in err and " at step 2 " in err, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
+    assert json.loads((out / "best" / "dev_metrics.json").read_text()) == \
+        json.loads((finished / "best" / "dev_metrics.json").read_text())
+    assert not list(out.glob(".*")), "a temporary folder or file left behind"
+
+
+def test_a_token_cache_that_cannot_be_written_on_a_new_run_says_no_checkpoint_was_written(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, monkeypatch):
+    """At a new run's start args.json and run.json are written already: the message must not say
+    the folder is unchanged; it says that no checkpoint was written yet."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    with monkeypatch.context() as mp:
+        mp.setattr(np, "savez", lambda *a, **k: (_ for _ in ()).throw(_no_space()))
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 4, err[-3000:]
+    message = _one_line_error(err)
+    assert f"could not write the token cache {cache}" in message and ENOSPC in message, message
+    assert "no checkpoint was written yet" in message, message
+    assert "the same command plus --resume continues" in message, message
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache, "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
+
+
+def test_an_error_during_training_starts_a_line_of_its_own(tmp_path, tiny_bert, data, small_sts,
+                                                           capsys, monkeypatch):
+    """The progress bar is drawn with \\r and no newline: an error printed after it without one is
+    glued to the end of the bar on the screen ("...sent_s=280]error: could not write ...")."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as mp:
+        _fail_log(mp, out)
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache"), capsys)
+    assert code == 4, err[-3000:]
+    assert err.startswith("error: ") or "\nerror: " in err, err[-3000:]
+
+
+def test_an_args_json_that_cannot_be_written_says_what_to_run(tmp_path, tiny_bert, data, small_sts,
+                                                              finished, capsys, monkeypatch):
+    """A new run whose args.json cannot be written (the disk full at the start): one line, exit 4,
+    and the command it names (the same command, plus --resume only if it says so) trains the run."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    real = common.write_text_atomic
+
+    def write(path, text):
+        if Path(path).name == "args.json":
+            raise _no_space()
+        real(path, text)
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "write_text_atomic", write)
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 4, err[-3000:]
+    message = _one_line_error(err)
+    assert f"could not write {out / 'args.json'}: {ENOSPC}" in message, message
+    assert "no checkpoint was written yet" in message, message
+    again = ["--resume"] if "plus --resume" in message else []
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache, *again), capsys)
+    assert code == 0, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
+
+
+def test_an_output_dir_on_a_full_disk_is_refused_at_the_start(tmp_path, tiny_bert, data, small_sts,
+                                                              capsys, monkeypatch):
+    """The first write of a run is the lock file's line (the holder's pid): on a full disk it
+    fails, and the run is refused there in one line."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def flush(self):
+            raise _no_space()
+
+    def fake_open(file, mode="r", *a, **k):
+        f = open(file, mode, *a, **k)
+        return Full(f) if Path(file).name == common.LOCK else f
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "open", fake_open, raising=False)
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"--output_dir {out}: cannot be written ({ENOSPC})" in message, message
+    assert not cache.exists(), "refused only after the data were tokenised"
+
+
+def test_an_output_dir_under_a_file_is_refused_at_the_start(tmp_path, tiny_bert, data, small_sts, capsys):
+    """Works as root too: no permission lets a folder be made inside a file (ENOTDIR)."""
+    (tmp_path / "a_file").write_text("not a folder\n")
+    out, cache = tmp_path / "a_file" / "run", tmp_path / "cache"
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"--output_dir {out}: cannot be written" in message and "Choose a folder" in message, message
+    assert not cache.exists(), "refused only after the data were tokenised"
+    assert (tmp_path / "a_file").read_text() == "not a folder\n"
+
+
+def test_an_output_dir_in_a_read_only_folder_is_refused_at_the_start(tmp_path, tiny_bert, data, small_sts,
+                                                                     capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("chmod 0o555 does not stop this user (root); the folder-under-a-file test covers it")
+        out, cache = ro / "run", tmp_path / "cache"
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+        assert code == 2, err[-3000:]
+        message = _one_line_error(err)
+        assert f"--output_dir {out}: cannot be written" in message, message
+        assert not cache.exists() and not out.exists()
+    finally:
+        ro.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------------
+# SIGTERM: Ctrl-C's handling; the folder let go at once
+# ------------------------------------------------------------------------------------
+
+# simcse.py held still before its 3rd step (after its first checkpoint, step 2) for up to 10
+# minutes; when run_main has ended the run (SystemExit) the process stays alive until told to go,
+# so that a second process tries the folder while the first still exists (a lock that only the
+# process's end let go of would stop it)
+TERM_RUN = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import common, simcse
+signals = Path(sys.argv[2])
+real, calls = common.train_step, [0]
+def held(*a, **k):
+    calls[0] += 1
+    t0 = time.time()
+    while calls[0] == 3 and time.time() - t0 < 600:
+        time.sleep(0.1)
+    return real(*a, **k)
+common.train_step = held
+try:
+    common.run_main(simcse.main, sys.argv[3:])
+except SystemExit as e:
+    (signals / "ended").write_text(str(e.code))
+    t0 = time.time()
+    while not (signals / "go").exists() and time.time() - t0 < 600:
+        time.sleep(0.1)
+    raise
+"""
+
+
+def test_sigterm_ends_the_run_in_one_line_and_lets_go_of_the_folder(
+        tmp_path, tiny_bert, data, small_sts, finished):
+    out, cache, signals = tmp_path / "run", tmp_path / "cache", tmp_path / "signals"
+    signals.mkdir()
+    argv = _argv(out, tiny_bert, data, small_sts, cache)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, "-c", TERM_RUN, str(ROOT), str(signals), *argv], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not (out / "last" / "state.pt").exists():      # the first checkpoint (step 2)
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.time() - t0 < 300, "the run wrote no checkpoint"
+            time.sleep(0.2)
+        first.send_signal(signal.SIGTERM)
+        t0 = time.time()
+        while not (signals / "ended").exists():
+            assert first.poll() is None, f"SIGTERM killed the run (exit {first.returncode}): " \
+                                         f"{first.stderr.read()[-3000:]}"
+            assert time.time() - t0 < 120, "the run did not end on SIGTERM"
+            time.sleep(0.1)
+        assert (signals / "ended").read_text() == "143"
+        # the first process is still alive: its run folder must be free already
+        second = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert first.poll() is None, "the first process ended before the second one took its folder"
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert f"resuming {out} at step 2 " in second.stderr, second.stderr[-3000:]
+        (signals / "go").write_text("")
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    err = first.stderr.read()
+    assert first.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if "SIGTERM" in line]
+    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
