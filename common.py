@@ -227,8 +227,9 @@ class Tokens:
 
 
 def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
-             desc: str = "tokenizing") -> Tokens:
-    """Tokenise once, before training, into a (n, max_len) array, cached in `cache_dir`."""
+             desc: str = "tokenizing", out: str | Path | None = None) -> Tokens:
+    """Tokenise once, before training, into a (n, max_len) array, cached in `cache_dir`; `out`: the
+    run folder, for the message if the cache cannot be written."""
     cache = token_cache(tokenizer, texts, max_len, cache_dir)
     if cache is not None and cache.is_file():
         z = np.load(cache)
@@ -249,7 +250,8 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
         bar.update(min(20000, len(texts) - s))
     bar.close()
     if cache is not None:
-        with writing(f"the token cache {cache}"):
+        kept = checkpoint_kept(out) if out is not None else "no run folder was changed"
+        with writing(f"the token cache {cache}", kept):
             cache.parent.mkdir(parents=True, exist_ok=True)
             np.savez(cache.with_suffix(".tmp.npz"), ids=ids, lengths=lengths, pad_id=pad_id)
             os.replace(cache.with_suffix(".tmp.npz"), cache)
@@ -260,7 +262,8 @@ def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
                      max_len: int | None = None) -> dict[str, Tokens]:
     """Tokenise every column of load_columns() with the encoder's tokenizer (cached)."""
     cache = default_cache_dir(args.data, args.cache_dir)
-    return {k: tokenize(tokenizer, v, max_len or args.max_len, cache, desc=f"tokenizing {k}")
+    return {k: tokenize(tokenizer, v, max_len or args.max_len, cache, desc=f"tokenizing {k}",
+                        out=args.output_dir)
             for k, v in columns.items()}
 
 
@@ -1160,14 +1163,26 @@ class WriteFailed(Exception):
 
 
 @contextlib.contextmanager
-def writing(what: str, checkpoint: str = "nothing of the run folder was changed"):
+def writing(what: str, checkpoint: str, then: str = "the same command plus --resume continues"):
     """An OSError inside becomes WriteFailed: what, why, what is intact (`checkpoint`), what next."""
     try:
         yield
     except OSError as e:
         raise WriteFailed(f"could not write {what}: {e.strerror or e}. {checkpoint}; once it can be "
-                          f"written again (free space, a writable place), the same command plus "
-                          f"--resume continues.") from e
+                          f"written again (free space, a writable place), {then}.") from e
+
+
+def checkpoint_kept(out: str | Path) -> str:
+    """What a failed write outside train() leaves intact in run folder `out`: last/'s step (read
+    without its tensors), or that no checkpoint was written yet."""
+    last = Path(out) / "last" / "state.pt"
+    if not last.is_file():
+        return "no checkpoint was written yet"
+    try:
+        step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
+    except Exception:
+        return f"{last.parent} is as it was"
+    return f"the last complete checkpoint, step {step}, is intact in {last.parent}"
 
 
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
@@ -1219,12 +1234,15 @@ def hold_run_folder(folder: str | Path) -> None:
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
+    def unwritable(e: OSError) -> UserError:
+        return UserError(f"--output_dir {folder}: cannot be written ({e.strerror or e}). Choose a folder "
+                         f"you can write to.")
+
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
     except OSError as e:
-        raise UserError(f"--output_dir {folder}: cannot be written ({e.strerror or e}). Choose a folder "
-                        f"you can write to.")
+        raise unwritable(e)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -1234,9 +1252,14 @@ def hold_run_folder(folder: str | Path) -> None:
         raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
                         f"in a run folder: wait for that one to end (or stop it), then continue the "
                         f"run with --resume; or choose another --output_dir.")
-    f.truncate(0)
-    f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
-    f.flush()
+    try:
+        f.truncate(0)
+        f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+        f.flush()
+    except OSError as e:                # a full disk: the lock's line is the run's first write
+        with contextlib.suppress(OSError):
+            f.close()
+        raise unwritable(e)
     held_locks[key] = f
 
 
@@ -1295,7 +1318,7 @@ def record_run(out: Path, args: TrainArgs) -> None:
                             "flags, start a new run: leave out --resume and --output_dir (the default "
                             "folder is named after the flags) or give another --output_dir.")
         return
-    with writing(f"{out / 'args.json'}"):
+    with writing(f"{out / 'args.json'}", "no checkpoint was written yet", "the same command starts the run"):
         write_text_atomic(out / "args.json", json.dumps(flags, indent=2))
         write_text_atomic(out / "run.json", json.dumps(run, indent=2))
 
@@ -1396,6 +1419,11 @@ class RunFolder:
         device = next(self.state["model"].parameters()).device
         try:
             state = torch.load(last, map_location=device, weights_only=True)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
+            raise UserError(self.damaged(last, e))
+        try:
             for k in ("model", "opt", "sched"):
                 self.state[k].load_state_dict(state[k])
             if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
@@ -1653,6 +1681,13 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+def close_bars() -> None:
+    """Close the progress bars still drawn (a bar ends in no newline): run_main's line then starts
+    a line of its own instead of being glued to the bar's end."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
     of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
@@ -1661,9 +1696,11 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
+        close_bars()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except WriteFailed as e:
+        close_bars()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(4)
     except KeyboardInterrupt as e:

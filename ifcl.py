@@ -499,7 +499,8 @@ def main(argv: list[str] | None = None) -> dict:
         columns["frat"] = read_fraternal(args, len(columns["text"]), made_here)  # before the encoders load
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     cache = common.default_cache_dir(args.data, args.cache_dir)
-    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text")}
+    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text",
+                                     out=args.output_dir)}
     bel_f, pad_f = None, 0
     if not args.no_fraternal:
         tok_f, enc_f = common.load_encoder(args.fraternal_model, flag="--fraternal_model")
@@ -508,7 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
         bel_f, pad_f = enc_f.embeddings, tok_f.pad_token_id or 0
         del enc_f                                  # only the embedding layer is kept
         data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache,
-                                       desc="tokenizing fraternal")
+                                       desc="tokenizing fraternal", out=args.output_dir)
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
     return common.train(args, model, data, tokenizer, "avg", paper_rows=PAPER_ROWS)

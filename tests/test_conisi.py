@@ -577,7 +577,9 @@ def test_o1_never_composes_Z_equal_to_Y(random_share, tiny_model, tiny_tok):
     so without the guard most Z_i = (x_i, c_i) would be Y_i = (x_i, x_i) under the opposite label.
     With it, none is over 30 draws; the longer rows of a mixed batch get o1's own draw (make_c
     draws subword_replace first), so the share of changed tokens there is as before."""
-    words = ["the", "a", "is", "of", "and", "in", "to", "was"]
+    # eight words that are one token each in the tiny vocabulary
+    words = sorted(w for w in tiny_tok.get_vocab() if w.isalpha() and len(w) > 2
+                   and len(tiny_tok(w, add_special_tokens=False)["input_ids"]) == 1)[:8]
     x = _batch(tiny_tok, words, 8)
     assert (x["attention_mask"].sum(1) == 3).all()                     # [CLS] w [SEP]: one token each
     m = tiny_model("o1")

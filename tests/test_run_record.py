@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
 from test_kill_resume import _records, _same_run
 
 import common
 import simcse
+from conftest import ROOT
 
 ENOSPC = "No space left on device"
 # every run here: checkpoints (last/, and best/ when the best) at steps 2, 4 and 6, a training
@@ -56,10 +56,10 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, wiki_head) -> Path:
-    """300 sentences of wiki1m_head."""
+def data(tmp_path_factory, corpus) -> Path:
+    """300 sentences of the synthetic corpus."""
     p = tmp_path_factory.mktemp("data") / "sentences.txt"
-    p.write_text("\n".join(wiki_head.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
+    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
     return p
 
 

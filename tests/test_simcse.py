@@ -607,8 +607,8 @@ def test_every_row_is_a_distinct_flag_set_of_its_table():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--alpha", "2"], r"--alpha 2 with --data .*wiki1m_head\.txt: it acts on the hard negatives"),
-    (["--no_hard_neg"], r"--no_hard_neg with --data .*wiki1m_head\.txt"),
+    (["--alpha", "2"], r"--alpha 2 with --data .*corpus\.txt: it acts on the hard negatives"),
+    (["--no_hard_neg"], r"--no_hard_neg with --data .*corpus\.txt"),
     (["--data", "{nli}", "--fixed_mask"], r"--fixed_mask with --data .*nli\.csv: one dropout mask"),
     (["--data", "{nli}", "--no_hard_neg", "--alpha", "2"], r"--alpha 2 with --no_hard_neg: there is no hard"),
     (["--alpha", "0"], r"--alpha 0\.0: must be > 0\. .*Tab\. 7 tries 0\.5, 1 and 2"),
