@@ -1234,15 +1234,12 @@ def hold_run_folder(folder: str | Path) -> None:
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
-    def unwritable(e: OSError) -> UserError:
-        return UserError(f"--output_dir {folder}: cannot be written ({e.strerror or e}). Choose a folder "
-                         f"you can write to.")
-
+    unwritable = f"--output_dir {folder}: cannot be written ({{}}). Choose a folder you can write to."
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
     except OSError as e:
-        raise unwritable(e)
+        raise UserError(unwritable.format(e.strerror or e))
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -1259,7 +1256,7 @@ def hold_run_folder(folder: str | Path) -> None:
     except OSError as e:                # a full disk: the lock's line is the run's first write
         with contextlib.suppress(OSError):
             f.close()
-        raise unwritable(e)
+        raise UserError(unwritable.format(e.strerror or e))
     held_locks[key] = f
 
 
