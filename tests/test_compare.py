@@ -112,7 +112,7 @@ def test_sts_dir_and_compile_are_ignored_like_the_other_not_training_flags(tmp_p
     assert tool.IGNORED == ("seed", *common.NOT_TRAINING)
     assert {"resume", "cache_dir", "log_every", "sts_dir", "compile", "output_dir"} <= set(tool.IGNORED)
     a = make_run(tmp_path / "a", {**SIMCSE_ARGS, "seed": 1}, [70.0] * 7)
-    b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "seed": 2, "sts_dir": "../shared/data/sts",
+    b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "seed": 2, "sts_dir": "/elsewhere/data/sts",
                                   "compile": False}, [72.0] * 7)
     c = make_run(tmp_path / "c", {**SIMCSE_ARGS, "tau": 0.1, "sts_dir": "elsewhere/sts"}, [71.0] * 7)
     groups = tool.group_runs([tool.read_run(p) for p in (a, b, c)])
