@@ -643,3 +643,17 @@ def test_the_readme_rows_beside_the_paper_table():
             assert figures in [r.headline() for _, r in picked], (row, cmd, picked)
         else:
             assert picked == [] and note.startswith("the paper reports no row"), (row, cmd, picked)
+
+
+def test_a_csv_of_pairs_trains_eq4_and_says_so(tmp_path, capsys):
+    """A CSV with no hard_neg column trains Eq. (4) on its pairs: settle() sets --no_hard_neg, so
+    that args.json and the rows it selects say what trains; a CSV of triplets keeps Eq. (5)."""
+    pairs, triplets = tmp_path / "pairs.csv", tmp_path / "triplets.csv"
+    pairs.write_text("sent0,sent1\n" + "".join(f"a{i},b{i}\n" for i in range(20)))
+    triplets.write_text("sent0,sent1,hard_neg\n" + "".join(f"a{i},b{i},c{i}\n" for i in range(20)))
+    args = common.parse_args(simcse.Args, ["--data", str(pairs)])
+    args.settle(20)
+    assert args.no_hard_neg and "no hard_neg column" in capsys.readouterr().err
+    args = common.parse_args(simcse.Args, ["--data", str(triplets)])
+    args.settle(20)
+    assert not args.no_hard_neg
