@@ -79,7 +79,7 @@ class Args(common.TrainArgs):
                        note="A weight on e^{sim/tau}; the paper's Tab. 7 tries 0.5, 1 and 2, and 1 is its "
                             "best.")
     no_hard_neg: bool = arg(False, "leave out the CSV's hard_neg column: Eq. (4) with the CSV's pairs as "
-                            "positives (Tab. 7 'N/A'; Tab. 4); needed for a CSV with no hard_neg column",
+                            "positives (Tab. 7 'N/A'; Tab. 4); set by itself for a CSV without that column",
                             "paper Tab. 7")
 
     def rules(self) -> None:
