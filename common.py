@@ -1172,17 +1172,24 @@ def writing(what: str, checkpoint: str, then: str = "the same command plus --res
                           f"written again (free space, a writable place), {then}.") from e
 
 
+NO_CHECKPOINT = "no checkpoint was written yet"
+
+
+def intact(step: int, last: Path) -> str:
+    return f"the last complete checkpoint, step {step}, is intact in {last}"
+
+
 def checkpoint_kept(out: str | Path) -> str:
     """What a failed write outside train() leaves intact in run folder `out`: last/'s step (read
     without its tensors), or that no checkpoint was written yet."""
     last = Path(out) / "last" / "state.pt"
     if not last.is_file():
-        return "no checkpoint was written yet"
+        return NO_CHECKPOINT
     try:
         step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
     except Exception:
         return f"{last.parent} is as it was"
-    return f"the last complete checkpoint, step {step}, is intact in {last.parent}"
+    return intact(step, last.parent)
 
 
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
@@ -1315,7 +1322,7 @@ def record_run(out: Path, args: TrainArgs) -> None:
                             "flags, start a new run: leave out --resume and --output_dir (the default "
                             "folder is named after the flags) or give another --output_dir.")
         return
-    with writing(f"{out / 'args.json'}", "no checkpoint was written yet", "the same command starts the run"):
+    with writing(f"{out / 'args.json'}", NO_CHECKPOINT, "the same command starts the run"):
         write_text_atomic(out / "args.json", json.dumps(flags, indent=2))
         write_text_atomic(out / "run.json", json.dumps(run, indent=2))
 
@@ -1366,7 +1373,7 @@ class RunFolder:
         self.best = -float("inf")
         self.best_step = 0
         self.last = None           # the last evaluation's figures
-        self.kept = "no checkpoint was written yet"
+        self.kept = NO_CHECKPOINT
 
     def write(self, record: dict) -> None:
         if self.main:
@@ -1398,7 +1405,7 @@ class RunFolder:
             tmp, commit = _atomic_dir(self.out / "last")
             torch.save(state, tmp / "state.pt")
             commit()
-        self.kept = f"the last complete checkpoint, step {step}, is intact in {self.out / 'last'}"
+        self.kept = intact(step, self.out / "last")
         if self.best_step == step:
             self.save_best(record)
 
@@ -1442,7 +1449,7 @@ class RunFolder:
         torch.set_rng_state(state["rng_cpu"])
         if torch.cuda.is_available() and state.get("rng_cuda") is not None:
             torch.cuda.set_rng_state(state["rng_cuda"])
-        self.kept = f"the last complete checkpoint, step {state['step']}, is intact in {last.parent}"
+        self.kept = intact(state["step"], last.parent)
         if self.main:
             print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
                   f"{state['best_step']})", file=sys.stderr)
