@@ -323,26 +323,46 @@ def write_nli(path: Path, n: int = 600, seed: int = 3) -> Path:
 # Tiny models, built locally
 # ------------------------------------------------------------------------------------
 
+def wordpiece_vocab(corpus: list[Path], size: int, lowercase: bool = True) -> list[str]:
+    """A WordPiece vocabulary of `size` pieces (special tokens not included) from `corpus`, the
+    same in every process: every character, alone and as ##x, then whole words and the word
+    pieces (prefixes, and ##suffixes of 2 to 5 characters), the most frequent first, ties in
+    alphabetical order. (The tokenizers library's WordPiece trainer breaks ties at the edge of
+    its vocabulary differently from one process to the next: another tiny model each session.)"""
+    from collections import Counter
+
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+    normalize = BertNormalizer(lowercase=lowercase).normalize_str
+    split = BertPreTokenizer().pre_tokenize_str
+    words = Counter(w for p in corpus for line in p.read_text(encoding="utf-8").splitlines()
+                    for w, _ in split(normalize(line)))
+    chars = sorted({c for w in words for c in w})
+    pieces = Counter()
+    for w, n in words.items():
+        pieces[w] += n
+        for k in range(2, min(len(w), 6)):
+            pieces[w[:k]] += n
+            pieces["##" + w[-k:]] += n
+    fixed = chars + ["##" + c for c in chars]
+    ranked = [t for t, _ in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0])) if t not in set(fixed)]
+    vocab = fixed + ranked[:size - len(fixed)]
+    assert len(vocab) == size, f"the corpus gives {len(vocab)} word pieces, not {size}"
+    return vocab
+
+
 def build_tiny_bert(folder: Path, corpus: list[Path], vocab_size: int = 1000, hidden: int = 32,
                     layers: int = 2, heads: int = 2, seed: int = 0, lowercase: bool = True) -> Path:
-    """A tiny BERT (random weights) with a WordPiece vocabulary trained on `corpus`, saved as
-    a folder that AutoModel / AutoTokenizer load like a hub model."""
+    """A tiny BERT (random weights) with a WordPiece vocabulary built from `corpus`
+    (wordpiece_vocab: the same model in every session), saved as a folder that AutoModel /
+    AutoTokenizer load like a hub model."""
     import torch
-    from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    wp = BertWordPieceTokenizer(lowercase=lowercase)
-    wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
-    wp.save_model(str(folder))
-    # The trainer's token set is the same every run, but its ids are not: merges that tie fall in
-    # a different order in each process, and the ids move the random embedding rows under every
-    # token. Special tokens first, then the rest sorted, gives every session the same model.
-    vocab = folder / "vocab.txt"
-    words = vocab.read_text(encoding="utf-8").splitlines()
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert words[:5] == special, words[:5]
-    vocab.write_text("\n".join(special + sorted(words[5:])) + "\n", encoding="utf-8")
+    pieces = wordpiece_vocab(corpus, vocab_size - len(special), lowercase)
+    (folder / "vocab.txt").write_text("\n".join(special + sorted(pieces)) + "\n", encoding="utf-8")
     tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=lowercase)
     # transformers 5 can silently fall back to a 5-token vocabulary: check the size
     assert len(tok) == vocab_size, f"tiny tokenizer has {len(tok)} tokens, expected {vocab_size}"
@@ -405,17 +425,13 @@ def build_tiny_mt(folder: Path, tokenizer_folder: Path, seed: int = 0) -> Path:
 
 
 def build_bert_layout_tokenizer(folder: Path, corpus: list[Path], vocab_size: int = 1000) -> Path:
-    """A cased WordPiece tokenizer trained on `corpus` whose vocabulary is laid out as BERT's
-    vocab.txt is ([PAD] 0, [unused0..98], [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then the
-    word pieces), saved as a folder (no model)."""
-    from tokenizers import BertWordPieceTokenizer
+    """A cased WordPiece tokenizer built from `corpus` (wordpiece_vocab) whose vocabulary is laid
+    out as BERT's vocab.txt is ([PAD] 0, [unused0..98], [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103,
+    then the word pieces), saved as a folder (no model)."""
     from transformers import BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    wp = BertWordPieceTokenizer(lowercase=False)
-    wp.train([str(p) for p in corpus], vocab_size=vocab_size, min_frequency=1, show_progress=False)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    pieces = sorted(set(wp.get_vocab()) - set(special))
+    pieces = sorted(wordpiece_vocab(corpus, vocab_size - 5, lowercase=False))
     vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + pieces
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=False)
