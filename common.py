@@ -253,8 +253,10 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
         kept = checkpoint_kept(out) if out is not None else "no run folder was changed"
         with writing(f"the token cache {cache}", kept):
             cache.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(cache.with_suffix(".tmp.npz"), ids=ids, lengths=lengths, pad_id=pad_id)
-            os.replace(cache.with_suffix(".tmp.npz"), cache)
+            # a name of this process's own: under torchrun every rank tokenises and writes
+            tmp = cache.with_name(f".{cache.stem}.{os.getpid()}.tmp.npz")
+            np.savez(tmp, ids=ids, lengths=lengths, pad_id=pad_id)
+            os.replace(tmp, cache)
     return Tokens(ids, lengths, pad_id)
 
 

@@ -134,6 +134,28 @@ def test_tokenize_pads_counts_and_caches(tiny_bert, tmp_path):
     assert len(list(tmp_path.glob("tok-*.npz"))) == 3
 
 
+def test_token_cache_written_by_two_ranks_at_once(tiny_bert, tmp_path, monkeypatch):
+    """Under torchrun every rank tokenises and writes the same cache file: another process
+    finishing its write while this one writes must leave both runs going (each writes a
+    temporary file of its own, then renames it into place)."""
+    from transformers import AutoTokenizer
+    tok, texts = AutoTokenizer.from_pretrained(tiny_bert), ["one line", "another line"]
+    real_savez, other_rank_done = np.savez, []
+
+    def savez_while_another_rank_writes(path, **arrays):
+        real_savez(path, **arrays)
+        if not other_rank_done:
+            other_rank_done.append(True)
+            with monkeypatch.context() as m:               # the other rank, whole, in between
+                m.setattr(common.os, "getpid", lambda: 999_999)
+                common.tokenize(tok, texts, 8, tmp_path)
+
+    monkeypatch.setattr(common.np, "savez", savez_while_another_rank_writes)
+    t = common.tokenize(tok, texts, 8, tmp_path)
+    assert other_rank_done and t.lengths.tolist() == [len(tok(s)["input_ids"]) for s in texts]
+    assert [p.name.startswith("tok-") for p in tmp_path.iterdir()] == [True]   # no temporary left
+
+
 def test_batch_plan_and_batch_size_checks():
     p0, p1 = common.batch_plan(10, 3, seed=1, epoch=0), common.batch_plan(10, 3, seed=1, epoch=1)
     assert p0.shape == (3, 3) and len(set(p0.ravel())) == 9
