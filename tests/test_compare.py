@@ -317,6 +317,33 @@ def test_plot_draws_simcse_fig2_beside_the_dev_curves(runs, tmp_path, capsys, mo
                                      ((-0.5, 0.10), (-0.9, 0.12))])
 
 
+def test_plot_with_baseline_starts_the_runs_of_its_pooler_at_the_untrained_encoder(
+        tmp_path, tiny_bert, small_sts, capsys, monkeypatch):
+    """--baseline with --plot: the untrained encoder's alignment and uniformity (on STS-B test, as
+    the log records them) are a black star in Fig. 2, and a dashed line joins it to the first
+    evaluation of each run evaluated with the baseline's pooler, and of no other run."""
+    cls = make_run(tmp_path / "cls", SIMCSE_ARGS, [70.0] * 7, curve=[(2, 50.0), (4, 55.0)],
+                   align_uniform=[(0.20, -2.2), (0.15, -2.6)])
+    avg = make_run(tmp_path / "avg", {**SIMCSE_ARGS, "pooler": "avg"}, [70.0] * 7, pooler="avg",
+                   curve=[(2, 50.0)], align_uniform=[(0.30, -1.2)])
+    import matplotlib.figure
+    saved, savefig = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    compare([cls, avg, "--baseline", tiny_bert, "--sts_dir", small_sts, "--plot", tmp_path / "f.png"])
+    ref = common.alignment_uniformity(common.saved_encoder(tiny_bert, "cls_before_pooler"), small_sts)
+    (fig,) = saved
+    au_ax = fig.axes[1]
+    label = f"{Path(tiny_bert).name} untrained [cls_before_pooler]"
+    (star,) = [ln for ln in au_ax.get_lines() if ln.get_label() == label]
+    assert star.get_marker() == "*" and (star.get_xdata()[0], star.get_ydata()[0]) == pytest.approx(
+        (ref["uniformity"], ref["alignment"]))
+    joins = [ln for ln in au_ax.get_lines() if ln.get_label() == "_from_untrained"]
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in joins] == [
+        ([pytest.approx(ref["uniformity"]), -2.2], [pytest.approx(ref["alignment"]), 0.20])]
+    assert label in [t.get_text() for t in au_ax.get_legend().get_texts()]
+
+
 def test_plot_without_align_uniform_in_any_log_draws_the_dev_curves_alone(runs, tmp_path, capsys):
     png = tmp_path / "dev.png"
     compare([runs["s1"], runs["focal"], "--plot", png])

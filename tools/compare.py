@@ -10,7 +10,8 @@ run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume,
 differs only in where its STS data lives, or in whether its step was compiled, is one more seed
 of the same row. A row is labelled with the script that made it (run.json), the flags that
 tell it apart from the other rows, and in brackets the pooler of its final evaluation.
---baseline adds the untrained encoder's row.
+--baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
+to the first evaluation of every run evaluated with its --pooler: where those runs started.
 
 --plot FILE draws two panels side by side, one colour a configuration in both: each run's STS-B
 dev curve over the steps, and SimCSE's Fig. 2 (Gao et al. 2021): l_align (y) against l_uniform (x),
@@ -280,11 +281,17 @@ def _draw_dev_curves(ax, groups: list[dict]) -> None:
 SEED_MARKERS = "os^Dvp*hX"   # one marker shape a seed within a group; the colour is the group's
 
 
-def _draw_align_uniform(ax, groups: list[dict]) -> None:
+def _draw_align_uniform(ax, groups: list[dict], start: dict | None = None) -> None:
     """SimCSE's Fig. 2 (Gao et al. 2021): l_uniform on x, l_align on y, lower is better for both,
     so a run heads for the lower left. One trajectory a run (seeds not averaged) through its
-    evaluations in training order: a marker at each, the first one hollow, arrows along the way."""
+    evaluations in training order: a marker at each, the first one hollow, arrows along the way.
+    `start` (--baseline): the untrained encoder {"label", "alignment", "uniformity", "pooler"},
+    a black star, joined by a dashed line to the first evaluation of every run evaluated with
+    its pooler, since that is where each of them began."""
     # NOTE(ours): the paper plots a checkpoint every 10 steps; a log holds one every --eval_every
+    if start:
+        ax.plot([start["uniformity"]], [start["alignment"]], marker="*", markersize=14, color="black",
+                linestyle="none", label=start["label"], zorder=3)
     for i, g in enumerate(groups):
         for j, r in enumerate(g["runs"]):
             steps, align, uniform = align_uniform_curve(r["path"])
@@ -293,6 +300,9 @@ def _draw_align_uniform(ax, groups: list[dict]) -> None:
             color, marker = f"C{i % 10}", SEED_MARKERS[j % len(SEED_MARKERS)]
             ax.plot(uniform, align, marker=marker, markersize=4, linewidth=1, color=color,
                     label=_run_label(g, r))
+            if start and r["pooler"] == start["pooler"]:   # from the untrained encoder, its start
+                ax.plot([start["uniformity"], uniform[0]], [start["alignment"], align[0]], color=color,
+                        linestyle="--", linewidth=0.8, alpha=0.6, label="_from_untrained")
             # the start: the first evaluation (not the untrained encoder, which no log holds)
             ax.plot(uniform[:1], align[:1], marker=marker, markersize=9, linestyle="none",
                     markerfacecolor="white", markeredgecolor=color, label="_start")
@@ -306,15 +316,16 @@ def _draw_align_uniform(ax, groups: list[dict]) -> None:
     ax.set(xlabel=r"$\ell_{\mathrm{uniform}}$ (STS-B test; lower is better)",
            ylabel=r"$\ell_{\mathrm{align}}$ (STS-B pairs with gold > 4; lower is better)",
            title="alignment against uniformity over training (SimCSE Fig. 2)\n"
-                 "hollow marker: first evaluation; arrows: direction of training")
+                 "hollow marker: first evaluation; arrows: direction of training"
+                 + ("; star: untrained" if start else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 
 
-def figure(groups: list[dict]):
-    """The --plot figure: STS-B dev over the steps | l_align against l_uniform (SimCSE's Fig. 2),
-    side by side with one colour a group in both; the dev curves alone when no run logged
-    alignment and uniformity. Returns the matplotlib Figure."""
+def figure(groups: list[dict], start: dict | None = None):
+    """The --plot figure: STS-B dev over the steps | l_align against l_uniform (SimCSE's Fig. 2,
+    from the untrained encoder `start` when given), side by side with one colour a group in both;
+    the dev curves alone when no run logged alignment and uniformity. Returns the Figure."""
     # NOTE(ours): one file, two panels rather than a second file: --plot names one image (the
     # README shows one a command), and a reader sees where a run's dev score peaks and, beside it
     # in the same colour, how its alignment and uniformity moved meanwhile
@@ -323,14 +334,14 @@ def figure(groups: list[dict]):
     fig, axes = plt.subplots(1, 2 if fig2 else 1, figsize=(17, 6.5) if fig2 else (9, 5.5), squeeze=False)
     _draw_dev_curves(axes[0, 0], groups)
     if fig2:
-        _draw_align_uniform(axes[0, 1], groups)
+        _draw_align_uniform(axes[0, 1], groups, start)
     fig.tight_layout()
     return fig
 
 
-def plot_runs(groups: list[dict], path: str | Path) -> bool:
-    """Writes figure(groups) to `path`; True when it has the alignment-uniformity panel."""
-    fig = figure(groups)
+def plot_runs(groups: list[dict], path: str | Path, start: dict | None = None) -> bool:
+    """Writes figure(groups, start) to `path`; True when it has the alignment-uniformity panel."""
+    fig = figure(groups, start)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
@@ -372,12 +383,16 @@ def main(argv: list[str] | None = None) -> None:
             if not align_uniform_curve(r["path"])[0]:
                 print(f"note: {r['path']}: no alignment/uniformity in metrics.jsonl (a log from before "
                       f"they were recorded): left out of the alignment-uniformity panel", file=sys.stderr)
+    start = None
     if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
         tasks = table["tasks"] if table else None
-        res = common.evaluate_encoder(args.baseline, args.pooler, args.sts_dir, tasks, "test",
-                                      args.batch_size)
-        name = Path(args.baseline).name or args.baseline
-        table = compare_table(groups, (f"{name} untrained [{args.pooler}]", res))
+        encode = common.saved_encoder(args.baseline, args.pooler, args.batch_size)
+        res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test")
+        label = f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]"
+        table = compare_table(groups, (label, res))
+        if args.plot:   # where the runs evaluated with its pooler start in Fig. 2
+            start = {"label": label, "pooler": args.pooler,
+                     **common.alignment_uniformity(encode, args.sts_dir)}
     if table is not None:
         print(format_compare(table))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
@@ -390,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.markdown).write_text(format_markdown(table, command), encoding="utf-8")
             print(f"Markdown table: {args.markdown}", file=sys.stderr)
     if args.plot:
-        both = plot_runs(groups, args.plot)
+        both = plot_runs(groups, args.plot, start)
         print(f"STS-B dev curves{' | alignment against uniformity (SimCSE Fig. 2)' if both else ''}: "
               f"{args.plot}", file=sys.stderr)
 
