@@ -342,6 +342,8 @@ def test_plot_with_baseline_starts_the_runs_of_its_pooler_at_the_untrained_encod
     assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in joins] == [
         ([pytest.approx(ref["uniformity"]), -2.2], [pytest.approx(ref["alignment"]), 0.20])]
     assert label in [t.get_text() for t in au_ax.get_legend().get_texts()]
+    assert (f"{label}: alignment {ref['alignment']:.3f} / uniformity {ref['uniformity']:.3f} on STS-B "
+            f"test" in capsys.readouterr().err)
 
 
 def test_plot_without_align_uniform_in_any_log_draws_the_dev_curves_alone(runs, tmp_path, capsys):

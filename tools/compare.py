@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.plot:   # where the runs evaluated with its pooler start in Fig. 2
             start = {"label": label, "pooler": args.pooler,
                      **common.alignment_uniformity(encode, args.sts_dir)}
+            print(f"{label}: alignment {start['alignment']:.3f} / uniformity {start['uniformity']:.3f} "
+                  f"on STS-B test (the star in the second panel)", file=sys.stderr)
     if table is not None:
         print(format_compare(table))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
