@@ -93,3 +93,15 @@ def test_every_paper_row_is_well_formed():
             assert r.split in ("test", "dev") and r.figures, r
             assert set(r.figures) <= set(common.FIGURE_KEYS), r
             assert set(r.flags) <= fields - free, r
+
+
+def test_no_user_facing_text_names_a_folder_outside_the_repository():
+    """What a user reads (README, --help and docstrings, comments, errors, the tests) names no
+    file that a clone lacks: no folder beside the checkout, no spec notes. Real data is named by
+    the repository's own data/ and models/ paths, or by the environment variable the tests read."""
+    outside = re.compile(r"\.\./shared|\bspecs/|sts_protocol\.md|methods\.md")
+    files = [ROOT / "README.md", ROOT / "requirements.txt", ROOT / "pyproject.toml",
+             *ROOT.glob("*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("tests/*.py")]
+    hits = [f"{f.relative_to(ROOT)}:{n}: {line.strip()}" for f in files
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if outside.search(line)]
+    assert len(files) > 15 and not hits, "\n".join(hits)
