@@ -14,7 +14,7 @@ What it adds to unsupervised SimCSE:
 
 Run (data/ is filled on first use, or by `python common.py download`):
   python conisi.py                        # ConIsI-s, bert-base-uncased on wiki1m: runs/conisi/default
-  python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 20 --eval_every 10
+  python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 40 --eval_every 10
                                           # the testbed's model and budget (README.md "Results")
   python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 4 --eval_every 2 \
       --batch_size 8 --max_len 16         # a quick CPU run (no paper row: batch and max_len differ)
