@@ -916,8 +916,9 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
     print(paper_report(res, picked, note, dev))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
-    write_text_atomic(best_dir / "test_metrics.json",
-                      json.dumps({**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}, indent=2))
+    kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
+    with writing(str(best_dir / "test_metrics.json"), checkpoint_kept(best_dir.parent)):
+        write_text_atomic(best_dir / "test_metrics.json", json.dumps(kept, indent=2))
     return res
 
 

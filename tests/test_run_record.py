@@ -7,10 +7,10 @@ On simcse.py's real runs (tiny BERT, small STS, CPU):
 - a last/state.pt that is not this run's checkpoint (cut short, empty, text, another model's, one
   that carries code) is refused in one line (exit 2), naming what is still good, and the folder is
   left byte for byte as it was; a pickled callable is never run;
-- a write that fails (ENOSPC) in last/, best/, metrics.jsonl or the token cache ends the run in
-  one line (exit 4) naming what failed and the intact checkpoint, and the same command plus
-  --resume then gives the uninterrupted run's log; an --output_dir that cannot be written is
-  refused at the start (exit 2);
+- a write that fails (ENOSPC) in last/, best/ (the final test_metrics.json too), metrics.jsonl or
+  the token cache ends the run in one line (exit 4) naming what failed and the intact
+  checkpoint, and the same command plus --resume then gives the uninterrupted run's log; an
+  --output_dir that cannot be written is refused at the start (exit 2);
 - SIGTERM ends a run like Ctrl-C (exit 143, one line with --resume) and lets go of the folder at
   once: a second process takes it while the first is still alive.
 """
@@ -386,6 +386,33 @@ def test_a_failed_write_ends_in_one_line_and_resume_completes_the_run(
     assert json.loads((out / "best" / "dev_metrics.json").read_text()) == \
         json.loads((finished / "best" / "dev_metrics.json").read_text())
     assert not list(out.glob(".*")), "a temporary folder or file left behind"
+
+
+def test_a_final_report_that_cannot_be_written_ends_in_one_line_and_resume_writes_it(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, monkeypatch):
+    """The last write of a run, best/test_metrics.json after the 7 STS tasks: one line, exit 4,
+    the finished checkpoint named; --resume then only evaluates and writes it."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    real = common.write_text_atomic
+
+    def write(path, text):
+        if Path(path).name == "test_metrics.json":
+            raise _no_space()
+        return real(path, text)
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "write_text_atomic", write)
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 4, err[-3000:]
+    message = _one_line_error(err)
+    assert (f"could not write {out / 'best' / 'test_metrics.json'}: {ENOSPC}. the last complete "
+            f"checkpoint, step 6, is intact") in message, message
+    assert "the same command plus --resume continues" in message, message
+    assert not (out / "best" / "test_metrics.json").exists()
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache, "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert json.loads((out / "best" / "test_metrics.json").read_text()) == \
+        json.loads((finished / "best" / "test_metrics.json").read_text())
+    _same_run(out, finished, log_every=1, eval_every=2)
 
 
 def test_a_token_cache_that_cannot_be_written_on_a_new_run_says_no_checkpoint_was_written(
