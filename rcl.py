@@ -411,7 +411,8 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
     res = common.train(dataclasses.replace(args, output_dir=str(folder)), model, data, tokenizer, args.pooler,
                        should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
     if main_proc:
-        common.save_pretrained_dir(folder / "end", encoder, tokenizer, args.pooler)
+        with common.writing(str(folder / "end"), common.checkpoint_kept(folder)):
+            common.save_pretrained_dir(folder / "end", encoder, tokenizer, args.pooler)
     common.barrier()
     _, best = common.load_encoder(str(folder / "best"))
     entropy = {"entropy_end": probe_entropy(model, data, args, device),
@@ -427,7 +428,8 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
         print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, "
               f"which regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
               f"{figure(summary['dev_start'], '.2f')} -> {dev:.2f}")
-        common.write_text_atomic(folder / DONE, json.dumps(summary, indent=2))
+        with common.writing(str(folder / DONE), common.checkpoint_kept(folder)):
+            common.write_text_atomic(folder / DONE, json.dumps(summary, indent=2))
         # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
         # unfinished entropy model; once DONE.json exists, stage 2 reads end/ or best/
         shutil.rmtree(folder / "last", ignore_errors=True)

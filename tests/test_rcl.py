@@ -538,6 +538,36 @@ def test_end_to_end_text(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     _check_best_loads(out / "best", "cls_before_pooler")
 
 
+@pytest.mark.parametrize("what", ["end", rcl.DONE])
+def test_an_entropy_model_that_cannot_be_written_ends_in_one_line_and_resume_finishes(
+        what, tiny_bert, small_sts, corpus, tmp_path, cache_dir, monkeypatch, capsys):
+    """A full disk when an entropy model's end/ or DONE.json is written: one line, exit 4, naming
+    its intact checkpoint (last/ of its final step); --resume then completes both stages."""
+    out = tmp_path / "run"
+    flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", str(corpus)])
+    real_dir, real_text = common.save_pretrained_dir, common.write_text_atomic
+
+    def full(path):
+        if Path(path).name == what and Path(path).parent.name == "entropy_phi0.01":
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(common, "save_pretrained_dir",
+                        lambda path, *a, **k: (full(path), real_dir(path, *a, **k)))
+    monkeypatch.setattr(common, "write_text_atomic", lambda path, text: (full(path), real_text(path, text)))
+    with pytest.raises(SystemExit) as e:
+        common.run_main(rcl.main, flags)
+    folder = out / "entropy_phi0.01"
+    err = capsys.readouterr().err
+    assert e.value.code == 4 and "Traceback" not in err, err[-3000:]
+    assert (f"could not write {folder / what}: No space left on device. the last complete checkpoint, "
+            f"step 3, is intact in {folder / 'last'}") in err, err[-3000:]
+    assert not (folder / rcl.DONE).exists()
+    monkeypatch.undo()
+    res = rcl.main(flags + ["--resume"])
+    assert res["test"]["avg"] > 0 and (folder / rcl.DONE).is_file() and (folder / "end").is_dir()
+    assert json.loads((folder / rcl.DONE).read_text())["steps"] == 3
+
+
 def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir,
                                                     monkeypatch, capsys):
     """An entropy model that stopped early says so in DONE.json and in the summary; a resumed
