@@ -408,8 +408,10 @@ def fp32(fn: Callable) -> Callable:
 
 def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | None = None,
                 batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
-    """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, bf16 on CUDA,
-    batches of similar length, truncated only to the model's positions (not the training max_len)."""
+    """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, batches of
+    similar length, truncated only to the model's positions (not the training max_len). fp32 on
+    every device, as SimCSE's evaluation.py: under bf16 a run's STS-B dev and the same weights
+    evaluated again (best/, `python common.py eval`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
 
     @torch.no_grad()
@@ -426,7 +428,7 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
         for s in range(0, len(order), batch_size):
             rows = order[s:s + batch_size]
             batch = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt").to(device)
-            with autocast(device):
+            with torch.autocast(device.type, enabled=False):      # fp32, inside a bf16 step's autocast too
                 o = encoder(**batch, output_hidden_states=hidden)
                 out[rows] = pool(o, batch["attention_mask"], pooler, mlp).float().cpu().numpy()  # (B, d)
         for m in modules:
@@ -504,16 +506,17 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
     """Spearman x100 of cosine similarity, as SimCSE's SentEval computes it. split="test": the 7
     tasks, STS12-16 reporting "all" (one Spearman over a task's pairs concatenated; per subset,
     their mean and weighted mean beside); "dev": STS-B dev and SICK-R trial. res["avg"]: the
-    mean of the reported figures. Every distinct sentence is encoded once."""
+    mean of the reported figures. A task's distinct sentences are encoded once, apart from the
+    other tasks: its figure is the same whichever tasks are evaluated with it."""
     check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
     loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
-    uniq = sorted({s for subs in loaded.values() for a, b, _ in subs.values() for s in a + b})
-    emb = encode(uniq)                                                      # (U, d)
-    row = {s: i for i, s in enumerate(uniq)}
     res: dict[str, Any] = {}
     for t, subs in loaded.items():
+        uniq = sorted({s for a, b, _ in subs.values() for s in a + b})
+        emb = encode(uniq)                                                  # (U, d)
+        row = {s: i for i, s in enumerate(uniq)}
         sims = {name: cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
                 for name, (a, b, _) in subs.items()}
         per = {name: {"spearman": _spearman(sims[name], gold), "n": len(gold)}
@@ -681,10 +684,20 @@ def world() -> tuple[int, int]:
 
 
 def init_distributed() -> torch.device:
-    """Start the process group under torchrun (NCCL on CUDA, gloo on CPU) and pick the device."""
+    """Start the process group under torchrun (NCCL on CUDA, gloo on CPU) and pick the device:
+    one GPU a process, so more processes on a machine than its GPUs is refused first."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus and local_world > gpus:
+        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+            raise SystemExit(2)                     # the same refusal, said once, by local rank 0
+        raise UserError(f"torchrun --nproc_per_node {local_world}: this machine has {gpus} GPU"
+                        f"{'s' if gpus > 1 else ''} visible, and each process trains on one. Pass "
+                        f"--nproc_per_node {gpus} (the batch is split over them; --batch_size stays "
+                        f"global).")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available():
+        dist.init_process_group("nccl" if gpus else "gloo")
+    if gpus:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
@@ -1423,11 +1436,10 @@ class RunFolder:
             if self.main:
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
             return {}
-        device = next(self.state["model"].parameters()).device
         try:
-            state = torch.load(last, map_location=device, weights_only=True)
-        except torch.cuda.OutOfMemoryError:
-            raise
+            # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
+            # others), and load_state_dict copies weights and AdamW's moments to the model's device
+            state = torch.load(last, map_location="cpu", weights_only=True)
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
         try:
@@ -1538,16 +1550,32 @@ def attention_kernels():
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def stacked(model: Callable) -> Callable:
+    """model(batch) with the logged figures leaving as ONE vector: (loss, names, (k,) tensor).
+    Inductor may hand back one buffer for the loss and a figure it proves equal to it (`l + 0`
+    folds to `l`, a detach is free); AOTAutograd then marks that figure non-differentiable, and
+    with it the loss, which loses its gradient (pytorch/pytorch#100348). A stacked vector is a
+    buffer of its own."""
+    def forward(batch: dict):
+        out = model(batch)
+        loss, stats = out if isinstance(out, tuple) else (out, {})
+        return loss, tuple(stats), torch.stack(list(stats.values())) if stats else None
+    return forward
+
+
 class CompiledModel:
     """model(batch) through torch.compile: forward and backward fused and, in one process, replayed
     from CUDA graphs (a few launches instead of hundreds); under DDP, whose hooks run inside the
-    backward, no graphs. If compiling fails: one note, then the model itself from there on."""
+    backward, no graphs. If compiling fails: one note, then the model itself from there on.
+    `backend`: inductor on CUDA, aot_eager on the CPU (tests name inductor there)."""
 
-    def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1):
+    def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1,
+                 backend: str | None = None):
         self.model = model
         self.graphs = device.type == "cuda" and world_size == 1
-        self.compiled = torch.compile(model, mode="reduce-overhead" if self.graphs else None,
-                                      backend="inductor" if device.type == "cuda" else "aot_eager")
+        backend = backend or ("inductor" if device.type == "cuda" else "aot_eager")
+        self.compiled = torch.compile(stacked(model), mode="reduce-overhead" if self.graphs else None,
+                                      backend=backend)
 
     def __call__(self, batch: dict):
         if self.compiled is None:
@@ -1556,7 +1584,8 @@ class CompiledModel:
             if self.graphs:
                 torch.compiler.cudagraph_mark_step_begin()     # the last step's outputs are consumed
             with attention_kernels():
-                return self.compiled(batch)
+                loss, names, figures = self.compiled(batch)
+            return loss, dict(zip(names, figures.unbind() if names else ()))
         except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
             raise
         except Exception as e:

@@ -390,19 +390,20 @@ class IFCL(nn.Module):
         p = self.queue_weights(h.shape[0])                                   # (M,)  N = global batch
         l_identical = identical_loss(h, h_pos, self.queue, p, a.tau)         # ()  Eq. (6)
         stats["l_identical"] = l_identical
-        # an ablated term is 0 in Eq. (9): --no_fraternal drops l^F and l^T, --no_twins l^T
-        l_fraternal = l_twins = torch.zeros((), device=h.device)
+        # Eq. (9): L = sum_i (l_i^I + l_i^F + l_i^T), an ablated term left out (--no_fraternal
+        # drops l^F and l^T, --no_twins l^T). NOTE(ours): the batch mean of each term, which only
+        # rescales the learning rate
+        loss = l_identical                                                   # ()
         if h_frat is not None:
-            l_fraternal = stats["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)        # ()  Eq. (7)
+            stats["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)          # ()  Eq. (7)
+            loss = loss + stats["l_fraternal"]                               # ()
             if not a.no_twins:
-                l_twins = stats["l_twins"] = twins_loss(h, h_pos, h_frat, margin)      # ()  Eq. (8)
+                stats["l_twins"] = twins_loss(h, h_pos, h_frat, margin)      # ()  Eq. (8)
+                loss = loss + stats["l_twins"]                               # ()
         stats.update(twins_stats(h, h_pos, h_frat))
         if self.queue.shape[0]:  # the share of the queue this step's Eq. (6) used
             stats["queue_fill"] = queue_fill(self.filled, self.queue.shape[0])
         self.push(h)  # after the loss, as in Algorithm 1 (line 23)
-        # Eq. (9): L = sum_i (l_i^I + l_i^F + l_i^T). NOTE(ours): the batch mean of each term,
-        # which only rescales the learning rate
-        loss = l_identical + l_fraternal + l_twins                           # ()
         return loss, {k: v.detach() for k, v in stats.items()}
 
 
