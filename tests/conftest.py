@@ -33,6 +33,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile does nothing in the tests and in the processes they start (PyTorch's own switch):
+# on a GPU, compiling each tiny end-to-end run costs 20-60 s, and only the tests marked
+# `compiled` are about the compiled step; the fixture below switches it back on for those
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 # ------------------------------------------------------------------------------------
@@ -443,6 +447,29 @@ def build_bert_layout_tokenizer(folder: Path, corpus: list[Path], vocab_size: in
 # ------------------------------------------------------------------------------------
 # Fixtures
 # ------------------------------------------------------------------------------------
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "compiled: a test about the compiled step; torch.compile is on")
+
+
+@pytest.fixture(autouse=True)
+def _compile_only_where_marked(request, monkeypatch):
+    if request.node.get_closest_marker("compiled"):
+        monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    """The environment of a process that must run on the CPU (gloo DDP, a CPU profile) on a
+    machine with a GPU too: no GPU visible to it."""
+    return dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """A test about the CPU path, run in this process: the scripts see no GPU."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
 
 @pytest.fixture(autouse=True)
 def _release_run_folders():

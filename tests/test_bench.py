@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cpu_env
 from tools import bench
 
 
@@ -16,7 +16,8 @@ def test_bench_runs_on_cpu(tmp_path):
     trace = tmp_path / "prof" / "trace.json"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--config", "tiny",
                         "--batch_size", "4", "--max_len", "8", "--steps", "2", "--warmup", "1",
-                        "--profile", str(trace)], capture_output=True, text=True, timeout=300)
+                        "--profile", str(trace)], capture_output=True, text=True, timeout=300,
+                       env=cpu_env())
     assert r.returncode == 0, r.stderr
     assert "ms/step" in r.stdout and "plain fp32 eager step" in r.stdout and "speed-up" in r.stdout
     assert "aten::mm" in r.stdout or "aten::addmm" in r.stdout    # the profiler's table of ops

@@ -146,6 +146,7 @@ def test_fp32_decorator_casts_only_what_is_below_fp32():
                     "ids": torch.long, "autocast": False, "after": True}
 
 
+@pytest.mark.compiled
 def test_compiled_loss_under_autocast_is_one_graph_in_fp32():
     """torch.compile traces through the decorator (autocast off inside): one graph, no break,
     and the fp32 value."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 import common
 import ifcl
 import simcse
-from conftest import ROOT
+from conftest import ROOT, cpu_env
 from tools import translate
 
 TAU = 0.05
@@ -628,7 +627,7 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     mt = tmp_path / "mt"
     shutil.copytree(tiny_mt, mt)
     (mt / "model.safetensors").unlink()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = cpu_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")     # two ranks: gloo on the CPU
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
                         *run_base(tmp_path, parallel, "--mt_model", str(mt), "--model", str(tiny_bert),

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 import common
 import simcse
-from conftest import ROOT
+from conftest import ROOT, cpu_env
 from tools import bench
 
 
@@ -57,6 +57,7 @@ def _losses(compile_, device, steps=4):
     return out
 
 
+@pytest.mark.compiled
 def test_compiled_step_gives_the_eager_losses_cpu():
     """The graph-capture path (dynamo + AOT autograd, aot_eager backend on CPU) against eager."""
     eager = _losses(False, "cpu")
@@ -70,7 +71,7 @@ def test_failed_compilation_falls_back_to_eager(monkeypatch, capsys):
     gives the eager losses (the failed attempt left no gradient behind)."""
     def broken_compile(model, **kw):
         def run(batch):
-            model(batch).backward()          # half-done work the fallback must discard
+            model(batch)[0].backward()       # half-done work the fallback must discard
             raise RuntimeError("inductor: no C++ compiler found\nmore detail")
         return run
     eager = _losses(False, "cpu")
@@ -152,6 +153,7 @@ def test_the_cuda_path_simulated_on_cpu(world_size, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.compiled
 def test_compiled_bf16_step_matches_fp32_eager_cuda():
     """On the GPU: bf16 autocast + compile + the CUDA-graph replay (steps 3 to 6) against the
     same steps in fp32 eager."""
@@ -161,6 +163,7 @@ def test_compiled_bf16_step_matches_fp32_eager_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.compiled
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_cuda_graphs_read_the_batch_the_lr_and_fresh_dropout(dropout, capsys):
     """On the GPU, once the compiled step runs from its CUDA graphs (after the warm-up calls):
@@ -287,9 +290,10 @@ def _case_argv(case: str, request) -> list[str]:
     return [f.format(**fixtures) for f in TORCHRUN_CASES[case]]
 
 
+@pytest.mark.compiled
 @pytest.mark.parametrize("case", [c for c in TORCHRUN_CASES if c != "ifcl_translate"])
 def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_bert, small_sts,
-                                                  monkeypatch, capsys):
+                                                  monkeypatch, capsys, on_cpu):
     """What torch.compile sees of each script's model on a statically padded batch: one graph
     and no graph break (no .item(), no Python branch on a tensor, nothing that would stop a
     CUDA-graph capture of the step on the GPU). Checked after a first step, which installs
@@ -341,7 +345,7 @@ def test_torchrun_two_processes_trains_end_to_end(case, request, tmp_path, tiny_
                         "--model", str(tiny_bert), "--sts_dir", str(small_sts), "--output_dir", str(out),
                         "--max_steps", "4", "--eval_every", "2", "--batch_size", "8",
                         "--cache_dir", str(tmp_path / "cache")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=cpu_env())
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs if "stsb_dev" in x] == [2, 4]
