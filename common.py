@@ -864,7 +864,9 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     net = wrap_ddp(model, device) if world_size > 1 else model
     compiled = args.compile and device.type == "cuda"
     forward = CompiledModel(net, device, world_size) if compiled else net
-    pad_to = args.max_len if compiled else None     # static shapes: a compiled step is captured once
+    # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
+    # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
+    pad_to = args.max_len if device.type == "cuda" else None
     run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
                     (model.encoder, tokenizer, pooler, mlp))
     resumed = run.resume() if args.resume else {}

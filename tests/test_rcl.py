@@ -459,7 +459,7 @@ def test_end_to_end_nli(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monk
     starts, columns, real_train = [], [], common.train
 
     def spy(args, model, data, tokenizer, pooler, **kw):
-        same = all(torch.equal(v, original[k]) for k, v in model.encoder.state_dict().items()
+        same = all(torch.equal(v.cpu(), original[k]) for k, v in model.encoder.state_dict().items()
                    if k in original)
         starts.append((type(model).__name__, same, getattr(model, "entropy_encoders", None)))
         columns.append(sorted(data))
@@ -478,7 +478,7 @@ def test_end_to_end_nli(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monk
     assert len(frozen) == 2
     for f, phi in zip(frozen, ("0.01", "0.02")):
         saved = load_file(str(out / f"entropy_phi{phi}" / "end" / "model.safetensors"))
-        assert all(torch.equal(v, saved[k]) for k, v in f.state_dict().items() if k in saved)
+        assert all(torch.equal(v.cpu(), saved[k]) for k, v in f.state_dict().items() if k in saved)
     assert not torch.equal(frozen[0].embeddings.word_embeddings.weight,
                            frozen[1].embeddings.word_embeddings.weight)
     # the contradictions are hard negatives of the entropy models only (App. A; Eq. 3 has none)
@@ -735,7 +735,7 @@ def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, 
     for f, phi in zip(frozen[2], ("0.01", "0.02")):
         best = load_file(str(out / f"entropy_phi{phi}" / "best" / "model.safetensors"))
         end = load_file(str(out / f"entropy_phi{phi}" / "end" / "model.safetensors"))
-        assert all(torch.equal(v, best[k]) for k, v in f.state_dict().items() if k in best)
+        assert all(torch.equal(v.cpu(), best[k]) for k, v in f.state_dict().items() if k in best)
         done = json.loads((out / f"entropy_phi{phi}" / rcl.DONE).read_text())
         if done["best_step"] != done["steps"]:      # best/ and end/ differ: the test can tell them apart
             assert not all(torch.equal(best[k], end[k]) for k in best)
