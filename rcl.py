@@ -368,15 +368,15 @@ def start(args: Args) -> torch.device:
 def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.device) -> float:
     """Row entropy (Eq. 2's term, the log's "entropy") of `model` on the first training batch.
     NOTE(ours): a no-grad pass with the same batch and the same dropout draw before and after
-    training, so start -> end differs only by the weights. The global RNG is left as it was."""
+    training, so start -> end differs only by the weights; in fp32 on every device, as the
+    evaluation. The global RNG is left as it was."""
     first = common.batch_plan(len(next(iter(data.values()))), args.batch_size, args.seed, 0)[0]
     batch = common.device_batch(data, common.local_rows(first), None, device)
     was_training = model.training
     model.train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
-        with common.autocast(device):
-            _, stats = model(batch)
+        _, stats = model(batch)
     model.train(was_training)
     return float(stats["entropy"])
 
