@@ -604,7 +604,7 @@ class PaperRow:
         return f"{self.table} {self.name}"
 
     def headline(self) -> list[float]:
-        """What a list of rows shows of this one (README's tables): the 7-task average if given."""
+        """What a list of rows shows of this one (the docs' tables): the 7-task average if given."""
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
 
 
@@ -1547,7 +1547,7 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
 
 def attention_kernels():
     """Every attention kernel but cuDNN's, which PyTorch picks for 32-token batches on an H100 and
-    the memory-efficient one beats there (README, Speed); nothing changes on a CPU."""
+    the memory-efficient one beats there (docs/speed.md); nothing changes on a CPU."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 

@@ -15,12 +15,12 @@ What it adds to unsupervised SimCSE:
 Run (data/ is filled on first use, or by `python common.py download`):
   python conisi.py                        # ConIsI-s, bert-base-uncased on wiki1m: runs/conisi/default
   python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 40 --eval_every 10
-                                          # the testbed's model and budget (README.md "Results")
+                                          # the testbed's model and budget (docs/results.md)
   python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 4 --eval_every 2 \
       --batch_size 8 --max_len 16         # a quick CPU run (no paper row: batch and max_len differ)
 
 The paper's rows, one command each (the end of a run prints the rows its flags select beside
-its own figures; README.md maps every row):
+its own figures; docs/conisi.md maps every row):
   python conisi.py --lam 0             # Tab. 5 "w/o fine-grained classification loss": no Z at all
   python conisi.py --lam 1             # Tab. 5 "w/o contrastive loss" (loss_contrastive still logged)
   python conisi.py --strategy o1       # Tab. 6 ConIsI-o1-BERT_base
@@ -30,6 +30,7 @@ its own figures; README.md maps every row):
   python conisi.py --model bert-large-uncased --max_len 28 --lam 0.1   # Tab. 4 ConIsI-s-BERT_large
   python conisi.py --lam 0.1           # Tab. 7: --lam 0, 0.1, ..., 0.9 (the default 0.8 is its best)
 Tab. 3 gives its settings (lam among them) for ConIsI-s only: o1 and o2 at those are our reading.
+Measured numbers and the paper's rows: docs/conisi.md (the MiniLM testbed).
 
 The mechanism at work, in metrics.jsonl: Eq. (8) trains f to tell Y_i from Z_i, so acc_interactive
 (the share of pairs with r_i^Y > r_i^Z) should rise from about 0.5 towards 1 and loss_interactive
@@ -114,57 +115,6 @@ class Args(common.TrainArgs):
             raise UserError(f"--max_len {self.max_len}: the pairs Y and Z need up to {2 * self.max_len} "
                             f"positions, more than {self.model} has ({positions}). Pass --max_len "
                             f"{positions // 2} or less.")
-
-
-# =====================================================================================
-# The paper's rows (README.md maps each to its command): the end of a run prints the ones
-# its flags select beside its own figures
-# =====================================================================================
-
-# Tab. 3 sets batch 64 and lr 3e-5 for every model (the defaults), max_len 32 (28 for
-# BERT-large) and lam for ConIsI-s only: 0.8 for BERT-base, 0.1 for RoBERTa-base and BERT-large
-LAM_READING = "Tab. 3 gives lam for ConIsI-s only: lam {lam} for {strategy} is our reading"
-TAB7_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
-                   0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58}   # Tab. 7, ConIsI-s-BERT_base
-
-PAPER_ROWS = [
-    common.PaperRow("Tab. 4", "ConIsI-s-BERT_base",
-                    {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
-                     "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}),
-    common.PaperRow("Tab. 4", "ConIsI-s-RoBERTa_base",
-                    {"STS12": 71.21, "STS13": 83.31, "STS14": 75.11, "STS15": 81.13, "STS16": 80.73,
-                     "STSBenchmark": 80.50, "SICKRelatedness": 69.39, "avg": 77.34},
-                    flags={"lam": 0.1}, model="roberta-base"),
-    common.PaperRow("Tab. 4", "ConIsI-s-BERT_large",
-                    {"STS12": 72.33, "STS13": 86.14, "STS14": 77.42, "STS15": 84.83, "STS16": 79.60,
-                     "STSBenchmark": 81.76, "SICKRelatedness": 74.78, "avg": 79.55},
-                    flags={"lam": 0.1, "max_len": 28}, model="bert-large-uncased"),
-    # Tab. 5, ConIsI-s-BERT_base and its two ablations (its SimCSE row is simcse.py's)
-    common.PaperRow("Tab. 5", "ConIsI-s-BERT_base", {"avg": 78.30}),
-    common.PaperRow("Tab. 5", "w/o fine-grained classification loss", {"avg": 77.00}, flags={"lam": 0.0}),
-    common.PaperRow("Tab. 5", "w/o contrastive loss", {"avg": 67.68}, flags={"lam": 1.0}),
-    # Tab. 6, the three strategies for c_i, on BERT-base and on RoBERTa-base
-    common.PaperRow("Tab. 6", "ConIsI-o1-BERT_base", {"avg": 77.14}, flags={"strategy": "o1"},
-                    note=LAM_READING.format(lam=0.8, strategy="o1")),
-    common.PaperRow("Tab. 6", "ConIsI-o2-BERT_base", {"avg": 77.35}, flags={"strategy": "o2"},
-                    note=LAM_READING.format(lam=0.8, strategy="o2")),
-    common.PaperRow("Tab. 6", "ConIsI-s-BERT_base", {"avg": 78.30}),
-    common.PaperRow("Tab. 6", "ConIsI-o1-RoBERTa_base", {"avg": 78.35}, flags={"lam": 0.1, "strategy": "o1"},
-                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o1")),
-    common.PaperRow("Tab. 6", "ConIsI-o2-RoBERTa_base", {"avg": 78.13}, flags={"lam": 0.1, "strategy": "o2"},
-                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o2")),
-    common.PaperRow("Tab. 6", "ConIsI-s-RoBERTa_base", {"avg": 77.34}, flags={"lam": 0.1},
-                    model="roberta-base"),
-    # Tab. 7, ConIsI-s-BERT_base per lam
-    *(common.PaperRow("Tab. 7", f"ConIsI-s-BERT_base, lam = {lam:g}", {"avg": avg}, flags={"lam": lam})
-      for lam, avg in TAB7_AVG_BY_LAM.items()),
-    # lam 0 builds no c_i (ConIsI.forward), so o1 and o2 train the run of the lam 0 rows
-    *(common.PaperRow(table, name, {"avg": 77.00}, flags={"lam": 0.0, "strategy": strategy},
-                      note=f"at lam 0 no c_i is built: --strategy {strategy} trains the same run as s")
-      for table, name in (("Tab. 5", "w/o fine-grained classification loss"),
-                          ("Tab. 7", "ConIsI-s-BERT_base, lam = 0"))
-      for strategy in ("o1", "o2")),
-]
 
 
 # =====================================================================================
@@ -472,6 +422,57 @@ class ConIsI(nn.Module):
                      "loss_interactive": interactive_loss(r_Y, r_Z),
                      "acc_interactive": interactive_accuracy(r_Y, r_Z)}
         return loss, stats
+
+
+# =====================================================================================
+# The paper's rows (docs/conisi.md maps each to its command): the end of a run prints the ones
+# its flags select beside its own figures
+# =====================================================================================
+
+# Tab. 3 sets batch 64 and lr 3e-5 for every model (the defaults), max_len 32 (28 for
+# BERT-large) and lam for ConIsI-s only: 0.8 for BERT-base, 0.1 for RoBERTa-base and BERT-large
+LAM_READING = "Tab. 3 gives lam for ConIsI-s only: lam {lam} for {strategy} is our reading"
+TAB7_AVG_BY_LAM = {0.0: 77.00, 0.1: 77.97, 0.2: 77.42, 0.3: 77.78, 0.4: 77.81, 0.5: 78.03,
+                   0.6: 77.76, 0.7: 77.93, 0.8: 78.30, 0.9: 77.58}   # Tab. 7, ConIsI-s-BERT_base
+
+PAPER_ROWS = [
+    common.PaperRow("Tab. 4", "ConIsI-s-BERT_base",
+                    {"STS12": 70.92, "STS13": 84.35, "STS14": 76.67, "STS15": 83.53, "STS16": 78.94,
+                     "STSBenchmark": 82.15, "SICKRelatedness": 71.55, "avg": 78.30}),
+    common.PaperRow("Tab. 4", "ConIsI-s-RoBERTa_base",
+                    {"STS12": 71.21, "STS13": 83.31, "STS14": 75.11, "STS15": 81.13, "STS16": 80.73,
+                     "STSBenchmark": 80.50, "SICKRelatedness": 69.39, "avg": 77.34},
+                    flags={"lam": 0.1}, model="roberta-base"),
+    common.PaperRow("Tab. 4", "ConIsI-s-BERT_large",
+                    {"STS12": 72.33, "STS13": 86.14, "STS14": 77.42, "STS15": 84.83, "STS16": 79.60,
+                     "STSBenchmark": 81.76, "SICKRelatedness": 74.78, "avg": 79.55},
+                    flags={"lam": 0.1, "max_len": 28}, model="bert-large-uncased"),
+    # Tab. 5, ConIsI-s-BERT_base and its two ablations (its SimCSE row is simcse.py's)
+    common.PaperRow("Tab. 5", "ConIsI-s-BERT_base", {"avg": 78.30}),
+    common.PaperRow("Tab. 5", "w/o fine-grained classification loss", {"avg": 77.00}, flags={"lam": 0.0}),
+    common.PaperRow("Tab. 5", "w/o contrastive loss", {"avg": 67.68}, flags={"lam": 1.0}),
+    # Tab. 6, the three strategies for c_i, on BERT-base and on RoBERTa-base
+    common.PaperRow("Tab. 6", "ConIsI-o1-BERT_base", {"avg": 77.14}, flags={"strategy": "o1"},
+                    note=LAM_READING.format(lam=0.8, strategy="o1")),
+    common.PaperRow("Tab. 6", "ConIsI-o2-BERT_base", {"avg": 77.35}, flags={"strategy": "o2"},
+                    note=LAM_READING.format(lam=0.8, strategy="o2")),
+    common.PaperRow("Tab. 6", "ConIsI-s-BERT_base", {"avg": 78.30}),
+    common.PaperRow("Tab. 6", "ConIsI-o1-RoBERTa_base", {"avg": 78.35}, flags={"lam": 0.1, "strategy": "o1"},
+                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o1")),
+    common.PaperRow("Tab. 6", "ConIsI-o2-RoBERTa_base", {"avg": 78.13}, flags={"lam": 0.1, "strategy": "o2"},
+                    model="roberta-base", note=LAM_READING.format(lam=0.1, strategy="o2")),
+    common.PaperRow("Tab. 6", "ConIsI-s-RoBERTa_base", {"avg": 77.34}, flags={"lam": 0.1},
+                    model="roberta-base"),
+    # Tab. 7, ConIsI-s-BERT_base per lam
+    *(common.PaperRow("Tab. 7", f"ConIsI-s-BERT_base, lam = {lam:g}", {"avg": avg}, flags={"lam": lam})
+      for lam, avg in TAB7_AVG_BY_LAM.items()),
+    # lam 0 builds no c_i (ConIsI.forward), so o1 and o2 train the run of the lam 0 rows
+    *(common.PaperRow(table, name, {"avg": 77.00}, flags={"lam": 0.0, "strategy": strategy},
+                      note=f"at lam 0 no c_i is built: --strategy {strategy} trains the same run as s")
+      for table, name in (("Tab. 5", "w/o fine-grained classification loss"),
+                          ("Tab. 7", "ConIsI-s-BERT_base, lam = 0"))
+      for strategy in ("o1", "o2")),
+]
 
 
 # =====================================================================================

@@ -14,7 +14,7 @@ Run:
   python focal_infonce.py                           # bert-base-uncased on wiki1m: tau 0.07, m 0.3
   python focal_infonce.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 20 \\
       --eval_every 10                               # a short run with a small encoder
-The paper's rows, one command each (README.md maps every row to its command and figures; the
+The paper's rows, one command each (docs/focal_infonce.md maps every row to its command and figures; the
 end of a run prints the rows its flags select beside its own figures):
   python focal_infonce.py --no-modulate --tau 0.05  # Tab. 2/3 "SimCSE": SimCSE's loss and tau
   python focal_infonce.py --tau 0.05                # Tab. 4: the temperature (0.03, 0.05, 0.07, 0.1)
@@ -30,9 +30,10 @@ end of a run prints the rows its flags select beside its own figures):
   python focal_infonce.py --model roberta-base --batch_size 512 --lr 1e-5 --no-modulate --tau 0.05
   python focal_infonce.py --model roberta-large --batch_size 512 --lr 3e-5 --no-modulate --tau 0.05
 
-Measured numbers: README.md, "Results" (the MiniLM testbed). Every evaluation logs alignment
-and uniformity on STS-B test in metrics.jsonl, and the end of a run prints the run's own beside
-Tab. 3's rows: Tab. 3 is on STS-B test (its SimCSE SpCorr, 76.38, is Tab. 2's STS-B test figure).
+Measured numbers and the paper's rows: docs/focal_infonce.md (the MiniLM testbed). Every
+evaluation logs alignment and uniformity on STS-B test in metrics.jsonl, and the end of a run
+prints the run's own beside Tab. 3's rows: Tab. 3 is on STS-B test (its SimCSE SpCorr, 76.38,
+is Tab. 2's STS-B test figure).
 
 Under DDP (torchrun): both views h and h_pos are all-gathered with common.gather before the
 loss, so every rank builds the same global cosine matrix and the modulation of Eq. (2) is
@@ -82,82 +83,6 @@ class Args(common.TrainArgs):
             raise common.UserError(f"--data {self.data}: Focal-InfoNCE is unsupervised (paper Sec. 3); "
                                    f"give a text file with one sentence a line. For NLI triplets run "
                                    f"`python simcse.py --data {self.data}`.")
-
-
-# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures.
-def sts7(*figures: float) -> dict[str, float]:
-    """A Tab. 2 row: STS12-16, STS-B, SICK-R (test sets) and their average."""
-    return dict(zip([*common.STS_TASKS, "avg"], figures))
-
-
-# Tab. 1: each encoder's batch size and lr (unsupervised SimCSE's), and its tau: Sec. 4's
-# {0.7, 0.7, 0.5, 0.5} read as 0.07/0.05 (Args.tau), each Tab. 4's best for its encoder; the
-# official script runs roberta-base at --temp 0.05 too. m 0.3 for all (Sec. 4).
-TAB1 = {"bert-base-uncased": {}, "bert-large-uncased": {"lr": 1e-5},
-        "roberta-base": {"batch_size": 512, "lr": 1e-5, "tau": 0.05},
-        "roberta-large": {"batch_size": 512, "lr": 3e-5, "tau": 0.05}}
-# NOTE(ours): Tab. 2's SimCSE rows are the paper's reruns (not SimCSE's published figures); the
-# paper gives no tau for them: SimCSE's own loss and tau 0.05 (SimCSE paper), at Tab. 1's settings
-SIMCSE = {"modulate": False, "tau": 0.05}
-RERUN = "the paper's rerun of SimCSE; its tau is not given: SimCSE's 0.05 here"
-MEAN = "a mean over seeds (Sec. 5.2)"
-# NOTE(ours): Tab. 3-5 say "STS Benchmark": the test set. Tab. 3's SimCSE SpCorr (76.38) is Tab. 2's
-# STS-B test figure, and 79.31 (Tab. 3-5, BERT-base at tau 0.07, m 0.3) and Tab. 5's 72.72 are the
-# STS-B and SICK-R test figures of the BERT-base model the official README evaluates (its seven
-# average 77.32): one run, where Tab. 2's 78.85 is a mean over seeds.
-ONE_RUN = "STS-B test; one run, the official README's (Tab. 2's 78.85 is a mean over seeds)"
-# NOTE(ours): Tab. 2's BERT-base Focal row is printed as published although its seven figures
-# average 77.88, not 77.33; its STS14 figure (79.00) looks misprinted: the official README's
-# BERT-base model has 75.20, and with it the seven average 77.32, the text's figure (Sec. 4.1).
-PAPER_ROWS = [
-    # Tab. 2: the 7 STS tasks, each encoder at Tab. 1's settings, SimCSE (rerun) and + Focal-InfoNCE
-    common.PaperRow("Tab. 2", "SimCSE-BERT_base",
-                    sts7(67.33, 82.45, 72.30, 80.76, 79.04, 76.38, 71.58, 75.68),
-                    flags=SIMCSE, note=RERUN),
-    common.PaperRow("Tab. 2", "SimCSE-BERT_base + Focal-InfoNCE",
-                    sts7(68.50, 83.70, 79.00, 82.71, 79.43, 78.85, 72.99, 77.33), note=MEAN),
-    common.PaperRow("Tab. 2", "SimCSE-BERT_large",
-                    sts7(70.31, 84.73, 75.52, 83.06, 78.90, 78.20, 74.56, 77.90),
-                    flags={**TAB1["bert-large-uncased"], **SIMCSE}, model="bert-large-uncased", note=RERUN),
-    common.PaperRow("Tab. 2", "SimCSE-BERT_large + Focal-InfoNCE",
-                    sts7(71.86, 84.50, 75.81, 84.56, 79.13, 80.97, 72.74, 78.51),
-                    flags=TAB1["bert-large-uncased"], model="bert-large-uncased", note=MEAN),
-    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_base",
-                    sts7(67.54, 81.39, 72.82, 81.61, 80.29, 80.00, 68.86, 76.07),
-                    flags={**TAB1["roberta-base"], **SIMCSE}, model="roberta-base", note=RERUN),
-    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_base + Focal-InfoNCE",
-                    sts7(70.84, 82.52, 73.99, 83.02, 82.26, 81.16, 69.43, 77.60),
-                    flags=TAB1["roberta-base"], model="roberta-base", note=MEAN),
-    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_large",
-                    sts7(71.54, 83.11, 75.04, 84.20, 80.54, 81.52, 69.99, 77.99),
-                    flags={**TAB1["roberta-large"], **SIMCSE}, model="roberta-large", note=RERUN),
-    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_large + Focal-InfoNCE",
-                    sts7(71.45, 83.24, 74.48, 85.10, 82.54, 82.24, 72.56, 78.80),
-                    flags=TAB1["roberta-large"], model="roberta-large", note=MEAN),
-    # Tab. 3: alignment, uniformity (lower is better) and Spearman on STS-B test, BERT-base
-    common.PaperRow("Tab. 3", "SimCSE",
-                    {"alignment": 0.190, "uniformity": -2.400, "STSBenchmark": 76.38},
-                    flags=SIMCSE, note="STS-B test: its 76.38 is Tab. 2's STS-B test figure"),
-    common.PaperRow("Tab. 3", "+Focal InfoNCE",
-                    {"alignment": 0.134, "uniformity": -1.906, "STSBenchmark": 79.31}, note=ONE_RUN),
-    # Tab. 4: tau, each encoder at Tab. 1's batch size and lr (m 0.3), STS-B test
-    *[common.PaperRow("Tab. 4", f"{name}, tau = {tau:g}", {"STSBenchmark": x},
-                      flags={**TAB1[model], "tau": tau}, model=model)
-      for model, name, figures in [("bert-base-uncased", "BERT_base", (74.66, 78.98, 79.31, 77.33)),
-                                   ("bert-large-uncased", "BERT_large", (76.96, 79.11, 80.43, 73.23)),
-                                   ("roberta-base", "RoBERTa_base", (80.62, 81.72, 81.00, 79.99)),
-                                   ("roberta-large", "RoBERTa_large", (77.55, 82.46, 82.03, 81.09))]
-      for tau, x in zip((0.03, 0.05, 0.07, 0.1), figures)],
-    # Tab. 5: m, BERT-base and RoBERTa-base at Tab. 1's settings, STS-B and SICK-R test
-    *[common.PaperRow("Tab. 5", f"{name}, m = {m:g}", {"STSBenchmark": b, "SICKRelatedness": r},
-                      flags={**TAB1[model], "m": m}, model=model)
-      for model, name, figures in [("bert-base-uncased", "BERT_base",
-                                    ((77.23, 71.30), (79.37, 71.70), (79.31, 72.72), (78.99, 71.75))),
-                                   ("roberta-base", "RoBERTa_base",
-                                    ((80.33, 68.86), (81.42, 69.60), (81.72, 69.52), (80.07, 64.21)))]
-      for m, (b, r) in zip((0.1, 0.2, 0.3, 0.4), figures)],
-]
 
 
 # =====================================================================================
@@ -250,6 +175,85 @@ class FocalInfoNCE(nn.Module):
         s = cosine_matrix(h, h_pos)                                           # (N, N)
         loss = focal_infonce_from_cos(s, self.tau, self.m, self.modulate)     # ()
         return loss, similarity_stats(s, self.m)                              # (), {name: ()}
+
+
+# =====================================================================================
+# The paper's rows (docs/focal_infonce.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures.
+# =====================================================================================
+
+def sts7(*figures: float) -> dict[str, float]:
+    """A Tab. 2 row: STS12-16, STS-B, SICK-R (test sets) and their average."""
+    return dict(zip([*common.STS_TASKS, "avg"], figures))
+
+
+# Tab. 1: each encoder's batch size and lr (unsupervised SimCSE's), and its tau: Sec. 4's
+# {0.7, 0.7, 0.5, 0.5} read as 0.07/0.05 (Args.tau), each Tab. 4's best for its encoder; the
+# official script runs roberta-base at --temp 0.05 too. m 0.3 for all (Sec. 4).
+TAB1 = {"bert-base-uncased": {}, "bert-large-uncased": {"lr": 1e-5},
+        "roberta-base": {"batch_size": 512, "lr": 1e-5, "tau": 0.05},
+        "roberta-large": {"batch_size": 512, "lr": 3e-5, "tau": 0.05}}
+# NOTE(ours): Tab. 2's SimCSE rows are the paper's reruns (not SimCSE's published figures); the
+# paper gives no tau for them: SimCSE's own loss and tau 0.05 (SimCSE paper), at Tab. 1's settings
+SIMCSE = {"modulate": False, "tau": 0.05}
+RERUN = "the paper's rerun of SimCSE; its tau is not given: SimCSE's 0.05 here"
+MEAN = "a mean over seeds (Sec. 5.2)"
+# NOTE(ours): Tab. 3-5 say "STS Benchmark": the test set. Tab. 3's SimCSE SpCorr (76.38) is Tab. 2's
+# STS-B test figure, and 79.31 (Tab. 3-5, BERT-base at tau 0.07, m 0.3) and Tab. 5's 72.72 are the
+# STS-B and SICK-R test figures of the BERT-base model the official README evaluates (its seven
+# average 77.32): one run, where Tab. 2's 78.85 is a mean over seeds.
+ONE_RUN = "STS-B test; one run, the official README's (Tab. 2's 78.85 is a mean over seeds)"
+# NOTE(ours): Tab. 2's BERT-base Focal row is printed as published although its seven figures
+# average 77.88, not 77.33; its STS14 figure (79.00) looks misprinted: the official README's
+# BERT-base model has 75.20, and with it the seven average 77.32, the text's figure (Sec. 4.1).
+PAPER_ROWS = [
+    # Tab. 2: the 7 STS tasks, each encoder at Tab. 1's settings, SimCSE (rerun) and + Focal-InfoNCE
+    common.PaperRow("Tab. 2", "SimCSE-BERT_base",
+                    sts7(67.33, 82.45, 72.30, 80.76, 79.04, 76.38, 71.58, 75.68),
+                    flags=SIMCSE, note=RERUN),
+    common.PaperRow("Tab. 2", "SimCSE-BERT_base + Focal-InfoNCE",
+                    sts7(68.50, 83.70, 79.00, 82.71, 79.43, 78.85, 72.99, 77.33), note=MEAN),
+    common.PaperRow("Tab. 2", "SimCSE-BERT_large",
+                    sts7(70.31, 84.73, 75.52, 83.06, 78.90, 78.20, 74.56, 77.90),
+                    flags={**TAB1["bert-large-uncased"], **SIMCSE}, model="bert-large-uncased", note=RERUN),
+    common.PaperRow("Tab. 2", "SimCSE-BERT_large + Focal-InfoNCE",
+                    sts7(71.86, 84.50, 75.81, 84.56, 79.13, 80.97, 72.74, 78.51),
+                    flags=TAB1["bert-large-uncased"], model="bert-large-uncased", note=MEAN),
+    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_base",
+                    sts7(67.54, 81.39, 72.82, 81.61, 80.29, 80.00, 68.86, 76.07),
+                    flags={**TAB1["roberta-base"], **SIMCSE}, model="roberta-base", note=RERUN),
+    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_base + Focal-InfoNCE",
+                    sts7(70.84, 82.52, 73.99, 83.02, 82.26, 81.16, 69.43, 77.60),
+                    flags=TAB1["roberta-base"], model="roberta-base", note=MEAN),
+    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_large",
+                    sts7(71.54, 83.11, 75.04, 84.20, 80.54, 81.52, 69.99, 77.99),
+                    flags={**TAB1["roberta-large"], **SIMCSE}, model="roberta-large", note=RERUN),
+    common.PaperRow("Tab. 2", "SimCSE-RoBERTa_large + Focal-InfoNCE",
+                    sts7(71.45, 83.24, 74.48, 85.10, 82.54, 82.24, 72.56, 78.80),
+                    flags=TAB1["roberta-large"], model="roberta-large", note=MEAN),
+    # Tab. 3: alignment, uniformity (lower is better) and Spearman on STS-B test, BERT-base
+    common.PaperRow("Tab. 3", "SimCSE",
+                    {"alignment": 0.190, "uniformity": -2.400, "STSBenchmark": 76.38},
+                    flags=SIMCSE, note="STS-B test: its 76.38 is Tab. 2's STS-B test figure"),
+    common.PaperRow("Tab. 3", "+Focal InfoNCE",
+                    {"alignment": 0.134, "uniformity": -1.906, "STSBenchmark": 79.31}, note=ONE_RUN),
+    # Tab. 4: tau, each encoder at Tab. 1's batch size and lr (m 0.3), STS-B test
+    *[common.PaperRow("Tab. 4", f"{name}, tau = {tau:g}", {"STSBenchmark": x},
+                      flags={**TAB1[model], "tau": tau}, model=model)
+      for model, name, figures in [("bert-base-uncased", "BERT_base", (74.66, 78.98, 79.31, 77.33)),
+                                   ("bert-large-uncased", "BERT_large", (76.96, 79.11, 80.43, 73.23)),
+                                   ("roberta-base", "RoBERTa_base", (80.62, 81.72, 81.00, 79.99)),
+                                   ("roberta-large", "RoBERTa_large", (77.55, 82.46, 82.03, 81.09))]
+      for tau, x in zip((0.03, 0.05, 0.07, 0.1), figures)],
+    # Tab. 5: m, BERT-base and RoBERTa-base at Tab. 1's settings, STS-B and SICK-R test
+    *[common.PaperRow("Tab. 5", f"{name}, m = {m:g}", {"STSBenchmark": b, "SICKRelatedness": r},
+                      flags={**TAB1[model], "m": m}, model=model)
+      for model, name, figures in [("bert-base-uncased", "BERT_base",
+                                    ((77.23, 71.30), (79.37, 71.70), (79.31, 72.72), (78.99, 71.75))),
+                                   ("roberta-base", "RoBERTa_base",
+                                    ((80.33, 68.86), (81.42, 69.60), (81.72, 69.52), (80.07, 64.21)))]
+      for m, (b, r) in zip((0.1, 0.2, 0.3, 0.4), figures)],
+]
 
 
 # =====================================================================================

@@ -15,13 +15,13 @@ Run:
 The first run translates --data into German with --mt_model (t5-base, from the Hugging Face hub
 on that run only) through tools/translate.py, into wiki1m_for_simcse.de.t5-base.txt beside
 --data (or under --cache_dir), then trains; a killed translation continues where it stopped,
-and later runs find the file and train at once (README.md, "IFCL": how long it takes).
+and later runs find the file and train at once (docs/ifcl.md: how long it takes).
   python tools/translate.py                       # the same file, without training (the English
                                                   # file first: `python common.py download`)
   python ifcl.py --fraternal_data my.de.txt       # German lines made elsewhere, one per sentence
   python ifcl.py --model sentence-transformers/all-MiniLM-L6-v2 --no_fraternal --max_steps 20 \\
       --eval_every 10                             # a short run with a small encoder, no German
-The paper's rows, one command each (README.md maps every row to its command and figures; the
+The paper's rows, one command each (docs/ifcl.md maps every row to its command and figures; the
 end of a run prints the rows its flags select beside its own figures):
   python ifcl.py --no_fraternal                   # Tab. 2 "w/o FI, TL" (the Twins loss compares
                                                   # h^+ with h^-: it goes too); needs no German
@@ -47,7 +47,7 @@ What the log shows of the mechanism (every training record): `cos_identical` and
 Fig. 1); `twins_gap`, mean e^{sim(h,h+)} - e^{sim(h,h-)}, which Eq. (8) pulls towards the innate
 margin `margin`; `queue_fill`, the share of the queue holding anchors (full after 416/64 = 6.5
 batches); and the three terms `l_identical`, `l_fraternal`, `l_twins`. Measured numbers:
-README.md, "Results" (a MiniLM testbed).
+docs/ifcl.md (a MiniLM testbed).
 
 Under DDP (torchrun): h, h^+, h^- and the innate margins are gathered from every rank before
 the losses, so Eq. (6)-(8) see the global batch; every rank pushes the same gathered anchors
@@ -149,41 +149,6 @@ class Args(common.TrainArgs):
             raise UserError(f"--omega_a {self.omega_a} below --omega_b {self.omega_b}: the identical "
                             f"twins are the closer ones (Eq. 8, M = e^omega_a - e^omega_b >= 0). Pass "
                             f"--omega_a >= --omega_b (the paper's: 0.85 and 0.80).")
-
-
-# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures.
-# NOTE(ours): Tab. 2, Tab. 5 and Fig. 4b say "STS-B": the test set. Their full IFCL (80.27) is
-# Tab. 1's STS-B test figure, Tab. 2's SimCSE (76.83) is about SimCSE's published STS-B test
-# figure (76.85), and Fig. 4b plots "1.3k sentence pairs" (STS-B test has 1,379; dev 1,500).
-# NOTE(ours): the paper gives BERT-large no settings of its own (Tab. 6 is "EnData", App. C lists
-# base models only): Tab. 6's. Its fraternal side must be 1024 wide, as BERT-large: mBERT is 768
-# and Sec. 4.1's German ALBERT embeds in 128; the paper does not say which it fused, or how.
-LARGE = "the paper gives no BERT-large settings: Tab. 6's; its fraternal model is not known"
-PAPER_ROWS = [
-    # Tab. 1: the 7 STS tasks (test sets)
-    common.PaperRow("Tab. 1", "IFCL-BERT_base",
-                    {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16": 80.17,
-                     "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}),
-    common.PaperRow("Tab. 1", "IFCL-BERT_large",
-                    {"STS12": 73.88, "STS13": 84.31, "STS14": 76.64, "STS15": 84.01, "STS16": 79.56,
-                     "STSBenchmark": 81.37, "SICKRelatedness": 76.30, "avg": 79.44},
-                    model="bert-large-uncased", note=LARGE),
-    # Tab. 2: the ablation, BERT-base, STS-B test
-    common.PaperRow("Tab. 2", "IFCL_base", {"STSBenchmark": 80.27}),
-    common.PaperRow("Tab. 2", "w/o FI, TL", {"STSBenchmark": 78.10},
-                    flags={"no_fraternal": True, "no_twins": True}),
-    common.PaperRow("Tab. 2", "w/o HQ", {"STSBenchmark": 78.81}, flags={"no_queue": True}),
-    common.PaperRow("Tab. 2", "w/o TL, HQ", {"STSBenchmark": 77.26},
-                    flags={"no_twins": True, "no_queue": True}),
-    common.PaperRow("Tab. 2", "w/o FI, TL, HQ (SimCSE)", {"STSBenchmark": 76.83},
-                    flags={"no_fraternal": True, "no_twins": True, "no_queue": True}),
-    # Fig. 4b: the Twins loss knocked off (Sec. 4.4 gives its figure), STS-B test
-    common.PaperRow("Fig. 4b", "IFCL w/o TL", {"STSBenchmark": 78.65}, flags={"no_twins": True}),
-    # Tab. 5 (App. B): the queue length M = k*N, STS-B test
-    *[common.PaperRow("Tab. 5", f"M={m}", {"STSBenchmark": x}, flags={"queue_len": m})
-      for m, x in [(320, 78.76), (384, 79.15), (416, 80.27), (448, 79.79), (512, 78.13)]],
-]
 
 
 # =====================================================================================
@@ -405,6 +370,44 @@ class IFCL(nn.Module):
             stats["queue_fill"] = queue_fill(self.filled, self.queue.shape[0])
         self.push(h)  # after the loss, as in Algorithm 1 (line 23)
         return loss, {k: v.detach() for k, v in stats.items()}
+
+
+# =====================================================================================
+# The paper's rows (docs/ifcl.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures.
+# =====================================================================================
+
+# NOTE(ours): Tab. 2, Tab. 5 and Fig. 4b say "STS-B": the test set. Their full IFCL (80.27) is
+# Tab. 1's STS-B test figure, Tab. 2's SimCSE (76.83) is about SimCSE's published STS-B test
+# figure (76.85), and Fig. 4b plots "1.3k sentence pairs" (STS-B test has 1,379; dev 1,500).
+# NOTE(ours): the paper gives BERT-large no settings of its own (Tab. 6 is "EnData", App. C lists
+# base models only): Tab. 6's. Its fraternal side must be 1024 wide, as BERT-large: mBERT is 768
+# and Sec. 4.1's German ALBERT embeds in 128; the paper does not say which it fused, or how.
+LARGE = "the paper gives no BERT-large settings: Tab. 6's; its fraternal model is not known"
+PAPER_ROWS = [
+    # Tab. 1: the 7 STS tasks (test sets)
+    common.PaperRow("Tab. 1", "IFCL-BERT_base",
+                    {"STS12": 71.57, "STS13": 82.35, "STS14": 75.08, "STS15": 83.03, "STS16": 80.17,
+                     "STSBenchmark": 80.27, "SICKRelatedness": 72.16, "avg": 77.80}),
+    common.PaperRow("Tab. 1", "IFCL-BERT_large",
+                    {"STS12": 73.88, "STS13": 84.31, "STS14": 76.64, "STS15": 84.01, "STS16": 79.56,
+                     "STSBenchmark": 81.37, "SICKRelatedness": 76.30, "avg": 79.44},
+                    model="bert-large-uncased", note=LARGE),
+    # Tab. 2: the ablation, BERT-base, STS-B test
+    common.PaperRow("Tab. 2", "IFCL_base", {"STSBenchmark": 80.27}),
+    common.PaperRow("Tab. 2", "w/o FI, TL", {"STSBenchmark": 78.10},
+                    flags={"no_fraternal": True, "no_twins": True}),
+    common.PaperRow("Tab. 2", "w/o HQ", {"STSBenchmark": 78.81}, flags={"no_queue": True}),
+    common.PaperRow("Tab. 2", "w/o TL, HQ", {"STSBenchmark": 77.26},
+                    flags={"no_twins": True, "no_queue": True}),
+    common.PaperRow("Tab. 2", "w/o FI, TL, HQ (SimCSE)", {"STSBenchmark": 76.83},
+                    flags={"no_fraternal": True, "no_twins": True, "no_queue": True}),
+    # Fig. 4b: the Twins loss knocked off (Sec. 4.4 gives its figure), STS-B test
+    common.PaperRow("Fig. 4b", "IFCL w/o TL", {"STSBenchmark": 78.65}, flags={"no_twins": True}),
+    # Tab. 5 (App. B): the queue length M = k*N, STS-B test
+    *[common.PaperRow("Tab. 5", f"M={m}", {"STSBenchmark": x}, flags={"queue_len": m})
+      for m, x in [(320, 78.76), (384, 79.15), (416, 80.27), (448, 79.79), (512, 78.13)]],
+]
 
 
 # =====================================================================================

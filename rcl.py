@@ -17,13 +17,13 @@ Run (data/ is filled on first use, or by `python common.py download`):
                     # (data/nli_for_simcse.csv), 4 phis; the run folder is runs/rcl/default
   python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --data data/wiki1m_for_simcse.txt \
       --pooler cls_before_pooler --lr 3e-5 --phi 0.01 0.04 --max_steps 40 --eval_every 10
-                    # the testbed's model and budget (README.md "Results"); a text file is the
+                    # the testbed's model and budget (docs/results.md); a text file is the
                     # unsupervised form (two dropout views), which the paper does not report
   python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --phi 0.01 0.02 --max_steps 4 \
       --eval_every 2 --batch_size 8                  # a quick CPU run of both stages on the NLI CSV
   python rcl.py --resume                             # a restart reuses the finished entropy models
 The paper's rows, one command each (the end of a run prints the rows its flags select beside
-its own figures; all are of the NLI CSV; README.md maps every row):
+its own figures; all are of the NLI CSV; docs/rcl.md maps every row):
   python rcl.py                                      # Tab. 3 "RCL(ours)"; Tab. 4, 8 regulators
   python rcl.py --phi 0.01                           # Tab. 4: 2 regulators
   python rcl.py --phi 0.01 0.02                      # Tab. 4: 4 regulators
@@ -36,7 +36,7 @@ its own figures; all are of the NLI CSV; README.md maps every row):
   python rcl.py --phi                                # ours, not a paper row: the contrastive term alone
   python rcl.py --phi 0 0.01                         # ours: a phi = 0 model, the control for phi's effect
 
-Measured numbers: README.md, "Results" (the MiniLM testbed, unsupervised form; no run of the
+Measured numbers and the paper's rows: docs/rcl.md (the MiniLM testbed, unsupervised form; no run of the
 NLI form is reported there). The SRoBERTa-base recipe prints the paper's Tab. 3 and Tab. 4
 rows its flags select beside yours at the end of a run. What the log shows of the mechanism:
 each entropy model's `entropy` (the row entropy of Eq. 2, which phi > 0 lowers: Sec. 3
@@ -131,27 +131,7 @@ class Args(common.TrainArgs):
                             f"sent0,sent1,hard_neg, or leave the flag out.")
 
 
-# The paper's rows (README.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures. All are SRoBERTa-base trained on SNLI and MNLI (App. A),
-# SimCSE's NLI triplets here: a run on another file (a text file: the unsupervised form) has none
-NLI = "nli_for_simcse.csv"
-TAB4_AVG_BY_PHI = {(0.01,): 81.47, (0.01, 0.02): 81.98, (0.01, 0.02, 0.03): 82.29,
-                   (0.01, 0.02, 0.03, 0.04): 82.40, (0.01, 0.02, 0.03, 0.04, 0.05): 82.42}
-
-PAPER_ROWS = [
-    common.PaperRow("Tab. 3", "RCL(ours)",
-                    {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
-                     "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
-                    data=NLI, note=f"a mean of 5 runs, on the NLI triplets ({NLI})"),
-    # Tab. 4: the 7-task average per number of regulators, two per entropy model (phi)
-    *(common.PaperRow("Tab. 4", f"Number of Regulator: {2 * len(phi)} (phi = {', '.join(map(str, phi))})",
-                      {"avg": avg}, flags={"phi": list(phi)}, data=NLI,
-                      note=f"on the NLI triplets ({NLI}); Tab. 4 does not say over how many runs")
-      for phi, avg in TAB4_AVG_BY_PHI.items()),
-]
-
 DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy model is complete
-
 
 # =====================================================================================
 # PAPER-SPECIFIC: the losses
@@ -334,6 +314,29 @@ class RCL(nn.Module):
             for phi, (t_q, t_ind) in zip(self.phis, regulator_terms(q, ind, aug_q, aug_ind, self.tau)):
                 stats[f"reg_q_phi{phi:g}"], stats[f"reg_ind_phi{phi:g}"] = t_q, t_ind   # (), ()
         return loss, stats
+
+
+# =====================================================================================
+# The paper's rows (docs/rcl.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures. All are SRoBERTa-base trained on SNLI and MNLI (App. A),
+# SimCSE's NLI triplets here: a run on another file (a text file: the unsupervised form) has none
+# =====================================================================================
+
+NLI = "nli_for_simcse.csv"
+TAB4_AVG_BY_PHI = {(0.01,): 81.47, (0.01, 0.02): 81.98, (0.01, 0.02, 0.03): 82.29,
+                   (0.01, 0.02, 0.03, 0.04): 82.40, (0.01, 0.02, 0.03, 0.04, 0.05): 82.42}
+
+PAPER_ROWS = [
+    common.PaperRow("Tab. 3", "RCL(ours)",
+                    {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
+                     "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
+                    data=NLI, note=f"a mean of 5 runs, on the NLI triplets ({NLI})"),
+    # Tab. 4: the 7-task average per number of regulators, two per entropy model (phi)
+    *(common.PaperRow("Tab. 4", f"Number of Regulator: {2 * len(phi)} (phi = {', '.join(map(str, phi))})",
+                      {"avg": avg}, flags={"phi": list(phi)}, data=NLI,
+                      note=f"on the NLI triplets ({NLI}); Tab. 4 does not say over how many runs")
+      for phi, avg in TAB4_AVG_BY_PHI.items()),
+]
 
 
 # =====================================================================================

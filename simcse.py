@@ -16,7 +16,7 @@ Run:
   python simcse.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 100 \
       --eval_every 50                                # a short run of a small encoder (a CPU will do)
   python tools/bench.py --method simcse              # time the training step (GPU: bf16, CUDA graphs)
-The paper's ablation rows, one flag each (README.md maps every row to its command):
+The paper's ablation rows, one flag each (docs/simcse.md maps every row to its command):
   python simcse.py --dropout 0                       # Tab. 3: the dropout p (0 ... 0.5; default 0.1)
   python simcse.py --fixed_mask                      # Tab. 3 "Fixed 0.1": one dropout mask for both views
   python simcse.py --pooler cls                      # Tab. 6 "w/ MLP": the MLP kept for evaluation
@@ -32,7 +32,7 @@ The paper's ablation rows, one flag each (README.md maps every row to its comman
     --model roberta-base --batch_size 512 --lr 1e-5    --model roberta-large --batch_size 512 --lr 3e-5
     --model roberta-large --data data/nli_for_simcse.csv --lr 1e-5 (supervised; base: the CSV defaults)
 
-Measured numbers: README.md, "Results" (the MiniLM testbed; the bert-base recipe prints the
+Measured numbers and the paper's rows: docs/simcse.md (the MiniLM testbed; the bert-base recipe prints the
 paper's numbers beside yours at the end of a run).
 """
 
@@ -111,81 +111,6 @@ class Args(common.TrainArgs):
 
     # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win
     csv_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
-
-
-# =====================================================================================
-# The paper's rows: the end of a run prints those its flags select beside its own figures
-# (README.md maps each to its command). Every figure is as printed in the paper, but the
-# BERT-large averages: the official repository's README (the paper has no BERT-large row).
-# =====================================================================================
-
-NLI = "nli_for_simcse.csv"
-TAB5 = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
-
-
-def _tab5(name: str, figures: tuple, model: str = "", data: str = "", **flags) -> common.PaperRow:
-    return common.PaperRow("Tab. 5", name, dict(zip(TAB5, figures)), "test", flags, model, data)
-
-
-def _dev(table: str, name: str, stsb: float, data: str = "", note: str = "", **flags) -> common.PaperRow:
-    return common.PaperRow(table, name, {"STSBenchmark": stsb}, "dev", flags, data=data, note=note)
-
-
-TAB3_NOTE = ("Sec. 3: with p = 0 or one mask for both views ('Fixed 0.1') the pair's two embeddings are "
-             "exactly the same, and it leads to a dramatic performance degradation; all models greatly "
-             "improve uniformity, but the alignment of these two variants degrades drastically (Fig. 2): "
-             "see alignment and uniformity in metrics.jsonl")
-D1_NOTE = ("our reading: the table does not say which SimCSE it trained; its 0.05 figure is the "
-           "supervised 86.2 of Tab. 6 and 7")
-FIRST_LAST_NOTE = ("the official code averaged the embedding layer and the last layer until its commit "
-                   "206d7ae (Jan 2022, 'fix first-last avg'); here, as there now, the first Transformer "
-                   "layer and the last")
-PAPER_ROWS = [
-    # Tab. 5: 7 STS test sets; App. A's batch size and learning rate per encoder
-    _tab5("Unsup-SimCSE-BERT_base", (68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25)),
-    _tab5("Unsup-SimCSE-RoBERTa_base", (70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57),
-          "roberta-base", batch_size=512, lr=1e-5),
-    _tab5("Unsup-SimCSE-RoBERTa_large", (72.86, 83.99, 75.62, 84.77, 81.80, 81.98, 71.26, 78.90),
-          "roberta-large", batch_size=512, lr=3e-5),
-    _tab5("Sup-SimCSE-BERT_base", (75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57), data=NLI),
-    _tab5("Sup-SimCSE-RoBERTa_base", (76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
-          "roberta-base", NLI),
-    _tab5("Sup-SimCSE-RoBERTa_large", (77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
-          "roberta-large", NLI, lr=1e-5),
-    # BERT-large: the official README's 7-task averages only (App. A: lr 1e-5; batch 64 / 512)
-    common.PaperRow("official README", "unsup-simcse-bert-large-uncased", {"avg": 78.41}, "test",
-                    {"lr": 1e-5}, "bert-large-uncased",
-                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
-    common.PaperRow("official README", "sup-simcse-bert-large-uncased", {"avg": 82.21}, "test",
-                    {"lr": 1e-5}, "bert-large-uncased", NLI,
-                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
-    # Tab. 3: dropout p, unsupervised BERT-base, STS-B dev
-    *[_dev("Tab. 3", f"p = {p}", s, note=TAB3_NOTE if p == "0.0" else "",
-           **({} if p == "0.1" else {"dropout": float(p)})) for p, s in
-      [("0.0", 71.1), ("0.01", 72.6), ("0.05", 81.1), ("0.1", 82.5), ("0.15", 81.4), ("0.2", 80.5),
-       ("0.5", 71.0)]],
-    _dev("Tab. 3", "Fixed 0.1", 43.6, note=TAB3_NOTE, fixed_mask=True),
-    # Tab. 6: the pooler, STS-B dev; Unsup. on a text file, Sup. on the NLI CSV (default pooler cls)
-    _dev("Tab. 6", "[CLS] w/ MLP, Unsup.", 81.7, pooler="cls"),
-    _dev("Tab. 6", "[CLS] w/ MLP (train), Unsup.", 82.5),
-    _dev("Tab. 6", "[CLS] w/o MLP, Unsup.", 80.9, no_mlp=True),
-    _dev("Tab. 6", "First-last avg., Unsup.", 81.2, note=FIRST_LAST_NOTE, pooler="avg_first_last"),
-    _dev("Tab. 6", "[CLS] w/ MLP, Sup.", 86.2, NLI),
-    _dev("Tab. 6", "[CLS] w/ MLP (train), Sup.", 85.8, NLI, pooler="cls_before_pooler"),
-    _dev("Tab. 6", "[CLS] w/o MLP, Sup.", 86.2, NLI, pooler="cls_before_pooler", no_mlp=True),
-    _dev("Tab. 6", "First-last avg., Sup.", 86.1, NLI, FIRST_LAST_NOTE, pooler="avg_first_last"),
-    # Tab. 7: the hard negatives of supervised SimCSE, STS-B dev
-    _dev("Tab. 7", "N/A", 84.9, NLI, no_hard_neg=True),
-    *[_dev("Tab. 7", f"Contradiction, alpha = {a}", s, NLI, **({} if a == "1.0" else {"alpha": float(a)}))
-      for a, s in [("0.5", 86.1), ("1.0", 86.2), ("2.0", 86.2)]],
-    # Tab. 4: supervised datasets, STS-B dev, "full"; only these two cells are in the text we cite
-    _dev("Tab. 4", "SNLI+MNLI entailment, full", 84.9, NLI, "the sample (134k pairs) column is not printed "
-         "here: its figures could not be checked in a citable copy of the paper", no_hard_neg=True),
-    _dev("Tab. 4", "SNLI+MNLI entailment + hard neg.", 86.2, NLI),
-    # Tab. D.1: the temperature, STS-B dev
-    *[_dev("Tab. D.1", f"tau = {t}", s, NLI, D1_NOTE, **({} if t == "0.05" else {"tau": float(t)}))
-      for t, s in [("0.001", 84.9), ("0.01", 85.4), ("0.05", 86.2), ("0.1", 82.0), ("1", 64.0)]],
-]
 
 
 # =====================================================================================
@@ -268,6 +193,81 @@ class SimCSE(nn.Module):
         if len(cols) == 2:  # pairs without hard negatives (--no_hard_neg): Eq. (4) with NLI positives
             return simcse_loss(h, h_pos, self.tau)
         return simcse_sup_loss(h, h_pos, common.gather(z[2 * n:]), self.tau, self.alpha)
+
+
+# =====================================================================================
+# The paper's rows: the end of a run prints those its flags select beside its own figures
+# (docs/simcse.md maps each to its command). Every figure is as printed in the paper, but the
+# BERT-large averages: the official repository's README (the paper has no BERT-large row).
+# =====================================================================================
+
+NLI = "nli_for_simcse.csv"
+TAB5 = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
+
+
+def _tab5(name: str, figures: tuple, model: str = "", data: str = "", **flags) -> common.PaperRow:
+    return common.PaperRow("Tab. 5", name, dict(zip(TAB5, figures)), "test", flags, model, data)
+
+
+def _dev(table: str, name: str, stsb: float, data: str = "", note: str = "", **flags) -> common.PaperRow:
+    return common.PaperRow(table, name, {"STSBenchmark": stsb}, "dev", flags, data=data, note=note)
+
+
+TAB3_NOTE = ("Sec. 3: with p = 0 or one mask for both views ('Fixed 0.1') the pair's two embeddings are "
+             "exactly the same, and it leads to a dramatic performance degradation; all models greatly "
+             "improve uniformity, but the alignment of these two variants degrades drastically (Fig. 2): "
+             "see alignment and uniformity in metrics.jsonl")
+D1_NOTE = ("our reading: the table does not say which SimCSE it trained; its 0.05 figure is the "
+           "supervised 86.2 of Tab. 6 and 7")
+FIRST_LAST_NOTE = ("the official code averaged the embedding layer and the last layer until its commit "
+                   "206d7ae (Jan 2022, 'fix first-last avg'); here, as there now, the first Transformer "
+                   "layer and the last")
+PAPER_ROWS = [
+    # Tab. 5: 7 STS test sets; App. A's batch size and learning rate per encoder
+    _tab5("Unsup-SimCSE-BERT_base", (68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25)),
+    _tab5("Unsup-SimCSE-RoBERTa_base", (70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57),
+          "roberta-base", batch_size=512, lr=1e-5),
+    _tab5("Unsup-SimCSE-RoBERTa_large", (72.86, 83.99, 75.62, 84.77, 81.80, 81.98, 71.26, 78.90),
+          "roberta-large", batch_size=512, lr=3e-5),
+    _tab5("Sup-SimCSE-BERT_base", (75.30, 84.67, 80.19, 85.40, 80.82, 84.25, 80.39, 81.57), data=NLI),
+    _tab5("Sup-SimCSE-RoBERTa_base", (76.53, 85.21, 80.95, 86.03, 82.57, 85.83, 80.50, 82.52),
+          "roberta-base", NLI),
+    _tab5("Sup-SimCSE-RoBERTa_large", (77.46, 87.27, 82.36, 86.66, 83.93, 86.70, 81.95, 83.76),
+          "roberta-large", NLI, lr=1e-5),
+    # BERT-large: the official README's 7-task averages only (App. A: lr 1e-5; batch 64 / 512)
+    common.PaperRow("official README", "unsup-simcse-bert-large-uncased", {"avg": 78.41}, "test",
+                    {"lr": 1e-5}, "bert-large-uncased",
+                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
+    common.PaperRow("official README", "sup-simcse-bert-large-uncased", {"avg": 82.21}, "test",
+                    {"lr": 1e-5}, "bert-large-uncased", NLI,
+                    note="the paper's Tab. 5 has no BERT-large row; the official README gives its average"),
+    # Tab. 3: dropout p, unsupervised BERT-base, STS-B dev
+    *[_dev("Tab. 3", f"p = {p}", s, note=TAB3_NOTE if p == "0.0" else "",
+           **({} if p == "0.1" else {"dropout": float(p)})) for p, s in
+      [("0.0", 71.1), ("0.01", 72.6), ("0.05", 81.1), ("0.1", 82.5), ("0.15", 81.4), ("0.2", 80.5),
+       ("0.5", 71.0)]],
+    _dev("Tab. 3", "Fixed 0.1", 43.6, note=TAB3_NOTE, fixed_mask=True),
+    # Tab. 6: the pooler, STS-B dev; Unsup. on a text file, Sup. on the NLI CSV (default pooler cls)
+    _dev("Tab. 6", "[CLS] w/ MLP, Unsup.", 81.7, pooler="cls"),
+    _dev("Tab. 6", "[CLS] w/ MLP (train), Unsup.", 82.5),
+    _dev("Tab. 6", "[CLS] w/o MLP, Unsup.", 80.9, no_mlp=True),
+    _dev("Tab. 6", "First-last avg., Unsup.", 81.2, note=FIRST_LAST_NOTE, pooler="avg_first_last"),
+    _dev("Tab. 6", "[CLS] w/ MLP, Sup.", 86.2, NLI),
+    _dev("Tab. 6", "[CLS] w/ MLP (train), Sup.", 85.8, NLI, pooler="cls_before_pooler"),
+    _dev("Tab. 6", "[CLS] w/o MLP, Sup.", 86.2, NLI, pooler="cls_before_pooler", no_mlp=True),
+    _dev("Tab. 6", "First-last avg., Sup.", 86.1, NLI, FIRST_LAST_NOTE, pooler="avg_first_last"),
+    # Tab. 7: the hard negatives of supervised SimCSE, STS-B dev
+    _dev("Tab. 7", "N/A", 84.9, NLI, no_hard_neg=True),
+    *[_dev("Tab. 7", f"Contradiction, alpha = {a}", s, NLI, **({} if a == "1.0" else {"alpha": float(a)}))
+      for a, s in [("0.5", 86.1), ("1.0", 86.2), ("2.0", 86.2)]],
+    # Tab. 4: supervised datasets, STS-B dev, "full"; only these two cells are in the text we cite
+    _dev("Tab. 4", "SNLI+MNLI entailment, full", 84.9, NLI, "the sample (134k pairs) column is not printed "
+         "here: its figures could not be checked in a citable copy of the paper", no_hard_neg=True),
+    _dev("Tab. 4", "SNLI+MNLI entailment + hard neg.", 86.2, NLI),
+    # Tab. D.1: the temperature, STS-B dev
+    *[_dev("Tab. D.1", f"tau = {t}", s, NLI, D1_NOTE, **({} if t == "0.05" else {"tau": float(t)}))
+      for t, s in [("0.001", 84.9), ("0.01", 85.4), ("0.05", 86.2), ("0.1", 82.0), ("1", 64.0)]],
+]
 
 
 # =====================================================================================
