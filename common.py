@@ -21,6 +21,7 @@ import contextlib
 import copy
 import csv
 import dataclasses
+import errno
 import functools
 import hashlib
 import io
@@ -29,6 +30,7 @@ import math
 import os
 import pickle
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -1165,14 +1167,50 @@ class WriteFailed(Exception):
     """A write that failed (disk full, quota, read-only, permission): one line, exit status 4."""
 
 
+# The libraries' own exceptions for a write the system refused, beside OSError: torch.save raises
+# RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos N vs M", chained on
+# "basic_ios::clear: iostream error"), safetensors its SafetensorError and the tokenizers a bare
+# Exception, both ending in "(os error 28)". Any other exception is a bug: its traceback stays.
+TORCH_IO = ("inline_container.cc", "iostream error")
+OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# what to make possible again, by the system's reason
+REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",
+          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
+          errno.EIO: "a disk that works again: the system's log says what failed"}
+
+
+def refused_write(e: BaseException) -> tuple[int | None, str] | None:
+    """(errno, the system's words) for an exception that says the system refused a write: an
+    OSError, or a library's error above (the errno found in it or in what it was raised from).
+    None for any other exception."""
+    if not (isinstance(e, OSError) or OS_ERROR.search(str(e))
+            or isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_IO)):
+        return None
+    seen = []
+    while e is not None and e not in seen and len(seen) < 8:
+        seen.append(e)
+        if isinstance(e, OSError):
+            return e.errno, e.strerror or str(e)
+        if m := OS_ERROR.search(str(e)):
+            return int(m[1]), os.strerror(int(m[1]))
+        e = e.__cause__ or e.__context__
+    return None, "an I/O error (the library did not say which)"
+
+
 @contextlib.contextmanager
 def writing(what: str, checkpoint: str, then: str = "the same command plus --resume continues"):
-    """An OSError inside becomes WriteFailed: what, why, what is intact (`checkpoint`), what next."""
+    """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
+    intact (`checkpoint`), what next."""
     try:
         yield
-    except OSError as e:
-        raise WriteFailed(f"could not write {what}: {e.strerror or e}. {checkpoint}; once it can be "
-                          f"written again (free space, a writable place), {then}.") from e
+    except Exception as e:
+        refused = refused_write(e)
+        if refused is None:
+            raise
+        code, reason = refused
+        remedy = REMEDY.get(code, "free space, a writable place")
+        raise WriteFailed(f"could not write {what}: {reason}. {checkpoint}; once it can be written again "
+                          f"({remedy}), {then}.") from e
 
 
 NO_CHECKPOINT = "no checkpoint was written yet"
@@ -1195,6 +1233,17 @@ def checkpoint_kept(out: str | Path) -> str:
     return intact(step, last.parent)
 
 
+def _fsync(path: Path) -> None:
+    """Make `path` (a file, or a folder's list of names) reach the disk now: a full disk is told
+    at the write, not later (a network disk, say, reports it only when its data are sent), and a
+    crash of the machine cannot leave a committed checkpoint empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     """A temporary folder beside `final` and a commit() that swaps it into place: a run
     killed at any moment leaves either the old folder or the new one, never half of one."""
@@ -1202,23 +1251,53 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
 
     def commit():
+        for p in [*sorted(tmp.rglob("*")), tmp]:
+            _fsync(p)
         old = final.with_name(f".{final.name}.old")
         if old.exists():
             shutil.rmtree(old)
         if final.exists():
             os.replace(final, old)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old.exists():
+                os.replace(old, final)
+            raise
+        _fsync(final.parent)
         if old.exists():
             shutil.rmtree(old)
 
     return tmp, commit
 
 
+@contextlib.contextmanager
+def atomic_dir(final: Path):
+    """_atomic_dir as a block: the temporary folder is filled inside and swapped in at its end; a
+    write that fails removes it (a partial copy would hold the space a full disk needs back)."""
+    tmp, commit = _atomic_dir(final)
+    try:
+        yield tmp
+        commit()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a small file through a temporary name: a kill leaves the old file or the new one."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write a small file through a temporary name: a kill leaves the old file or the new one; a
+    failed write leaves no temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def recover_dir(final: Path) -> Path:
@@ -1396,6 +1475,8 @@ class RunFolder:
             self.best, self.best_step = self.last["stsb_dev"], step
         record = dict(self.last, best_stsb_dev=self.best)
         self.write(record)
+        with writing(str(self.log), self.kept):
+            _fsync(self.log)      # on the disk up to the length last/ records: a resume cuts it back there
         stop = self.state["should_stop"]
         state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
         state.update(loop)
@@ -1404,10 +1485,9 @@ class RunFolder:
                       "should_stop": getattr(stop, "state_dict", lambda: None)(),
                       "rng_cpu": torch.get_rng_state(),
                       "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-        with writing(str(self.out / "last"), self.kept):
-            tmp, commit = _atomic_dir(self.out / "last")
-            torch.save(state, tmp / "state.pt")
-            commit()
+        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp, \
+                open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
         self.kept = intact(step, self.out / "last")
         if self.best_step == step:
             self.save_best(record)
@@ -1483,47 +1563,45 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
     """Save an encoder atomically for AutoModel and SentenceTransformer alike. The `cls` pooler's MLP
     goes into BERT's own pooler (tanh(W h_cls + b) is the MLP) and into a Dense module with Tanh.
     `extra` = {filename: json-able}."""
-    tmp, commit = _atomic_dir(Path(path))
+    with atomic_dir(Path(path)) as tmp:    # swapped in whole at the end, or removed
+        def dump(name: str, obj) -> None:
+            (tmp / name).parent.mkdir(exist_ok=True)
+            (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
 
-    def dump(name: str, obj) -> None:
-        (tmp / name).parent.mkdir(exist_ok=True)
-        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
-
-    if pooler == "cls":
-        if mlp is None:
-            raise ValueError("pooler 'cls' is saved with its MLP")
-        if hasattr(getattr(encoder, "pooler", None), "dense"):
-            encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
-    encoder.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    d = encoder.config.hidden_size
-    st_pooling = ST_POOLING.get(pooler)
-    if st_pooling is None:
-        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
-              file=sys.stderr)
-    else:
-        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
-        off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
-                                       "pooling_mode_cls_token": st_pooling == "cls",
-                                       "pooling_mode_mean_tokens": st_pooling == "mean",
-                                       **{f"pooling_mode_{k}": False for k in off}})
         if pooler == "cls":
-            from safetensors.torch import save_file
-            modules.append(("2_Dense", "Dense"))
-            dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
-                                         "activation_function": "torch.nn.modules.activation.Tanh"})
-            weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
-                       for k, v in mlp.dense.state_dict().items()}
-            save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
-        dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
-                               "type": f"sentence_transformers.models.{kind}"}
-                              for i, (folder, kind) in enumerate(modules)])
-        dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
-                                           "do_lower_case": False})
-    for name, obj in (extra or {}).items():
-        dump(name, obj)
-    commit()
+            if mlp is None:
+                raise ValueError("pooler 'cls' is saved with its MLP")
+            if hasattr(getattr(encoder, "pooler", None), "dense"):
+                encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
+        encoder.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        d = encoder.config.hidden_size
+        st_pooling = ST_POOLING.get(pooler)
+        if st_pooling is None:
+            print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
+                  file=sys.stderr)
+        else:
+            modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+            off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+            dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
+                                           "pooling_mode_cls_token": st_pooling == "cls",
+                                           "pooling_mode_mean_tokens": st_pooling == "mean",
+                                           **{f"pooling_mode_{k}": False for k in off}})
+            if pooler == "cls":
+                from safetensors.torch import save_file
+                modules.append(("2_Dense", "Dense"))
+                dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
+                                             "activation_function": "torch.nn.modules.activation.Tanh"})
+                weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
+                           for k, v in mlp.dense.state_dict().items()}
+                save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
+            dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
+                                   "type": f"sentence_transformers.models.{kind}"}
+                                  for i, (folder, kind) in enumerate(modules)])
+            dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
+                                               "do_lower_case": False})
+        for name, obj in (extra or {}).items():
+            dump(name, obj)
 
 
 

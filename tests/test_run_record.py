@@ -301,7 +301,7 @@ def _fail_last(monkeypatch, out: Path) -> str:
     real, calls = torch.save, [0]
 
     def save(obj, f, *a, **k):
-        if Path(f).name == "state.pt":
+        if Path(getattr(f, "name", f)).name == "state.pt":       # a path, or the open file
             calls[0] += 1
             if calls[0] == 2:
                 raise _no_space()
