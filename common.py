@@ -1214,6 +1214,7 @@ def writing(what: str, checkpoint: str, then: str = "the same command plus --res
 
 
 NO_CHECKPOINT = "no checkpoint was written yet"
+CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 
 
 def intact(step: int, last: Path) -> str:
@@ -1381,16 +1382,21 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     raise error
 
 
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in chunks (any size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def record_run(out: Path, args: TrainArgs) -> None:
     """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
     are written once, when the run starts. On --resume the command is held to them first:
     any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    digest = hashlib.sha256()
-    with open(args.data, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    run = {"script": f"{script_name(args)}.py", "data_sha256": digest.hexdigest()}
+    run = {"script": f"{script_name(args)}.py", "data_sha256": sha256_file(args.data)}
     if args.resume and (out / "args.json").is_file():
         then = json.loads((out / "args.json").read_text())
         then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
@@ -1485,9 +1491,11 @@ class RunFolder:
                       "should_stop": getattr(stop, "state_dict", lambda: None)(),
                       "rng_cpu": torch.get_rng_state(),
                       "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp, \
-                open(tmp / "state.pt", "wb") as f:
-            torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
+        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
+            with open(tmp / "state.pt", "wb") as f:
+                torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
+            # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
+            (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
         self.kept = intact(step, self.out / "last")
         if self.best_step == step:
             self.save_best(record)
@@ -1510,6 +1518,12 @@ class RunFolder:
             raise
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
+        # bytes damaged on the disk (tensor data load without a word) or another file put in its place;
+        # a checkpoint of an earlier version of this code has no checksum beside it
+        recorded = last.with_name(CHECKSUM)
+        if recorded.is_file() and (recorded.read_text().split() or [""])[0] != sha256_file(last):
+            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
+                                               f"it: damaged on the disk, or replaced"))
         try:
             for k in ("model", "opt", "sched"):
                 self.state[k].load_state_dict(state[k])
@@ -1538,8 +1552,8 @@ class RunFolder:
                   f"{state['best_step']})", file=sys.stderr)
         return state
 
-    def damaged(self, last: Path, e: Exception) -> str:
-        """The one line for a last/state.pt that cannot be this run's checkpoint."""
+    def damaged(self, last: Path, e: Exception | str) -> str:
+        """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         if "Weights only load failed" in str(e):
             reason = "it holds objects other than tensors and numbers, which loading would run as code"

@@ -5,8 +5,9 @@ On simcse.py's real runs (tiny BERT, small STS, CPU):
   naming each difference with both values; flags that only say where and how a run is written
   (common.NOT_TRAINING) may change;
 - a last/state.pt that is not this run's checkpoint (cut short, empty, text, another model's, one
-  that carries code) is refused in one line (exit 2), naming what is still good, and the folder is
-  left byte for byte as it was; a pickled callable is never run;
+  that carries code, zeros in its tensor data that only its checksum tells) is refused in one line
+  (exit 2), naming what is still good, and the folder is left byte for byte as it was; a pickled
+  callable is never run; a checkpoint without a checksum (an earlier version's) still resumes;
 - a write that fails (ENOSPC) in last/, best/ (the final test_metrics.json too), metrics.jsonl or
   the token cache ends the run in one line (exit 4) naming what failed and the intact
   checkpoint, and the same command plus --resume then gives the uninterrupted run's log; an
@@ -24,9 +25,11 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -227,7 +230,22 @@ def _other_model(path: Path) -> None:
     torch.save(state, path)
 
 
+def _zeros_in_tensor_data(path: Path) -> None:
+    """4 KB of zeros inside the largest tensor's bytes (a bad disk block): the file still loads, as
+    a whole checkpoint, without a word; only the checksum written beside it tells."""
+    with zipfile.ZipFile(path) as z:
+        entry = max(z.infolist(), key=lambda i: i.file_size)
+    assert entry.compress_type == zipfile.ZIP_STORED and entry.file_size > 3 * 4096
+    with open(path, "r+b") as f:
+        f.seek(entry.header_offset + 26)        # the local header: its name's and extra field's lengths
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        f.seek(entry.header_offset + 30 + name_len + extra_len + 4096)
+        f.write(bytes(4096))
+    torch.load(path, weights_only=True)
+
+
 DAMAGES = {
+    "4 KB of zeros in its tensor data": _zeros_in_tensor_data,
     "cut to half": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
     "empty": lambda p: p.write_bytes(b""),
     "a text file": lambda p: p.write_text("step 4, loss 0.12\n"),
@@ -252,6 +270,21 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
            f"{out / 'metrics.jsonl'}" in message, message
     assert "another --output_dir" in message, message
     assert _tree(out) == before
+
+
+def test_a_checkpoint_without_a_checksum_still_resumes(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                       finished, capsys):
+    """last/ written before checkpoints carried their SHA-256 (state.pt alone) resumes as before."""
+    out = _copy(interrupted, tmp_path)
+    (out / "last" / common.CHECKSUM).unlink()
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"resuming {out} at step 2 " in err, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
+    # each checkpoint written since carries it again, and it is the SHA-256 of state.pt's bytes
+    digest, name = (out / "last" / common.CHECKSUM).read_text().split()
+    assert name == "state.pt"
+    assert digest == hashlib.sha256((out / "last" / "state.pt").read_bytes()).hexdigest()
 
 
 class _Shell:
