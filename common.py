@@ -1409,10 +1409,21 @@ def record_run(out: Path, args: TrainArgs) -> None:
                             f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
                             "flags, start a new run: leave out --resume and --output_dir (the default "
                             "folder is named after the flags) or give another --output_dir.")
+        if then_run:
+            return
+        # a folder from before run.json: its data cannot be checked; from now on it is held to these
+        print(f"note: {out} has no run.json (written by an earlier version): --data {args.data} cannot be "
+              f"checked against the data the run started with; its fingerprint is recorded now",
+              file=sys.stderr)
+        with writing(str(out / "run.json"), checkpoint_kept(out)):
+            write_text_atomic(out / "run.json", json.dumps(run, indent=2))
         return
-    with writing(f"{out / 'args.json'}", NO_CHECKPOINT, "the same command starts the run"):
-        write_text_atomic(out / "args.json", json.dumps(flags, indent=2))
-        write_text_atomic(out / "run.json", json.dumps(run, indent=2))
+    # run.json first, and no args.json of an earlier start left beside it: a folder whose args.json
+    # --resume accepts always holds the fingerprint of the data that run trained on
+    (out / "args.json").unlink(missing_ok=True)
+    for name, record in (("run.json", run), ("args.json", flags)):
+        with writing(str(out / name), NO_CHECKPOINT, "the same command starts the run"):
+            write_text_atomic(out / name, json.dumps(record, indent=2))
 
 
 def start(args: TrainArgs) -> torch.device:

@@ -7,7 +7,8 @@ that really fails:
   model's best/), then made larger (a live remount) so that --resume finishes the run;
 - `ulimit -f` (EFBIG) under last/state.pt;
 - an ext4 image forced read-only in the middle of a run (its trigger_fs_error, as a disk error
-  does it), then checked (e2fsck) and mounted again for --resume.
+  does it), then checked (e2fsck) and mounted again for --resume;
+- a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start.
 Each ends in exactly one line with its exit status (4 for a failed write), no traceback, and the
 command that line names then finishes the run.
 Mounting needs root (CAP_SYS_ADMIN): without it those tests are skipped, saying why.
@@ -243,6 +244,40 @@ def test_a_disk_forced_read_only_mid_run_ends_in_one_line_and_resume_finishes(tm
         _finished(_script("simcse.py", argv(out, "--resume", flags=flags)), out, 30)
     finally:
         _umount(disk)
+
+
+# ------------------------------------------------------------------------------------
+# The run's record at the start: run.json (the data's fingerprint) and args.json
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("free", [1, 2])
+def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its_fingerprint(
+        free, tmp_path, argv, data):
+    """A disk with `free` pages left: the lock's line takes one, then the run's record fails
+    (run.json, the data's fingerprint, is written first: there is no args.json without it). The
+    line names the file; --resume with other content in --data is refused; the same command runs."""
+    mine = tmp_path / "sentences.txt"
+    shutil.copy(data, mine)
+    with _tmpfs(tmp_path / "disk", 16) as disk:
+        (disk / "filler").write_bytes(b"\0" * (16 - free) * PAGE)
+        assert os.statvfs(disk).f_bavail == free
+        out = disk / "run"
+        args = [*argv(out)[:2], "--data", str(mine), *argv(out)[4:]]
+        line = _line(_script("simcse.py", args), 4)
+        written = "run.json" if free == 1 else "args.json"
+        assert line == (f"error: could not write {out / written}: {ENOSPC}. no checkpoint was written yet; "
+                        f"once it can be written again (free space), the same command starts the run."), line
+        assert not list(out.glob(".*")), "a temporary file left behind"
+        (disk / "filler").unlink()
+        _resize(disk, 4096)                     # room for the whole run
+        text = mine.read_text(encoding="utf-8")
+        mine.write_text("\n".join(text.splitlines()[:200]) + "\n", encoding="utf-8")   # other content
+        r = _script("simcse.py", [*args, "--resume"])
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert "--resume" in _line(r, 2)
+        mine.write_text(text, encoding="utf-8")
+        _finished(_script("simcse.py", args), out, 4)
+        assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
 
 
 # ------------------------------------------------------------------------------------

@@ -196,6 +196,26 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     assert _tree(out) == before
 
 
+def test_a_run_without_run_json_resumes_with_a_note_and_is_held_to_the_data_from_then_on(
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
+    """A folder from before run.json (args.json alone): its data cannot be checked, which --resume
+    says, and the data's fingerprint is recorded then; other data is refused after that."""
+    out = _copy(interrupted, tmp_path)
+    (out / "run.json").unlink()
+    mine = tmp_path / "sentences.txt"
+    shutil.copy(data, mine)
+    flags = json.loads((out / "args.json").read_text())
+    (out / "args.json").write_text(json.dumps({**flags, "data": str(mine)}, indent=2))   # its own file
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"note: {out} has no run.json" in err and "its fingerprint is recorded now" in err, err[-3000:]
+    assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+    mine.write_text("other sentences\n" * 300, encoding="utf-8")
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    assert f"--data {mine}: its content is not the data the run started with" in err, err[-3000:]
+
+
 def test_resume_may_change_where_and_how_a_run_is_written(tmp_path, tiny_bert, data, small_sts,
                                                           interrupted, finished, capsys):
     """--log_every, --cache_dir and --compile (NOT_TRAINING) say nothing about what is trained:
