@@ -1315,6 +1315,8 @@ def recover_dir(final: Path) -> Path:
 # the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
 held_locks: dict[str, Any] = {}
 LOCK = "run.lock"
+# the run folder whose record (args.json) start() wrote for this command: what a Ctrl-C's line offers
+recorded_run: Path | None = None
 
 
 def hold_run_folder(folder: str | Path) -> None:
@@ -1454,6 +1456,8 @@ def start(args: TrainArgs) -> torch.device:
         recover_dir(out / "best")
         recover_dir(out / "last")
     barrier()
+    global recorded_run
+    recorded_run = Path(args.output_dir)
     return device
 
 
@@ -1791,6 +1795,16 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+def after_a_stop() -> str:
+    """What run_main's line after Ctrl-C or SIGTERM says to run: --resume once start() has recorded
+    the run (args.json: --resume accepts it), else the same command (--resume would be refused)."""
+    if recorded_run is not None and (recorded_run / "args.json").is_file():
+        return (f"What was already written in {recorded_run} is kept; the same command plus --resume "
+                f"continues the run (from its last checkpoint, if one was written).")
+    return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \
+        "again."
+
+
 def close_bars() -> None:
     """Close the progress bars still drawn (a bar ends in no newline): run_main's line then starts
     a line of its own instead of being glued to the bar's end."""
@@ -1801,7 +1815,11 @@ def close_bars() -> None:
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
     of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
+    global recorded_run
+    recorded_run = None                                           # start() records this command's run
     if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # Ctrl-C back from interrupts.py
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         main(sys.argv[1:] if argv is None else argv)
@@ -1814,9 +1832,8 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         print(f"error: {e}", file=sys.stderr)
         sys.exit(4)
     except KeyboardInterrupt as e:
-        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"\n{what}. What was already written is kept; a training run continues from its last "
-              f"checkpoint with the same command plus --resume.", file=sys.stderr)
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+        print(f"\n{what}. {after_a_stop()}", file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "

@@ -57,6 +57,8 @@ rank, so all ranks stop at the same step. Markers are written by rank 0.
 
 from __future__ import annotations
 
+import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+
 import dataclasses
 import json
 import math

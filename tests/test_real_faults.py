@@ -1,4 +1,4 @@
-"""Real faults, not raised by hand: what a user reads when the disk or the system stops a run.
+"""Real faults, not raised by hand: what a user reads when the disk, the system or a signal stops a run.
 
 Each test runs a script as a user does (a subprocess on the tiny BERT, --no-compile) into a place
 that really fails:
@@ -8,9 +8,10 @@ that really fails:
 - `ulimit -f` (EFBIG) under last/state.pt;
 - an ext4 image forced read-only in the middle of a run (its trigger_fs_error, as a disk error
   does it), then checked (e2fsck) and mounted again for --resume;
-- a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start.
-Each ends in exactly one line with its exit status (4 for a failed write), no traceback, and the
-command that line names then finishes the run.
+- a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start;
+- SIGINT and SIGTERM while the script still imports torch.
+Each ends in exactly one line with its exit status (4 for a failed write, 130/143 for a signal), no
+traceback, and the command that line names then finishes the run.
 Mounting needs root (CAP_SYS_ADMIN): without it those tests are skipped, saying why.
 """
 
@@ -278,6 +279,37 @@ def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its
         mine.write_text(text, encoding="utf-8")
         _finished(_script("simcse.py", args), out, 4)
         assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+
+
+# ------------------------------------------------------------------------------------
+# Signals while the script imports torch (seconds): one line, nothing to resume
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_script_starts_ends_in_one_line(sig, tmp_path, argv):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, str(ROOT / "simcse.py"), *argv(out)], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)                         # torch, transformers and scipy take seconds to import
+    run.send_signal(sig)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + sig, err[-3000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)"
+    assert lines[0].startswith(what) and lines[0].endswith("Run the same command again."), lines[0]
+    assert "plus --resume" not in lines[0] and not out.exists()
+    _finished(_script("simcse.py", argv(out)), out, 4)
+
+
+def test_a_program_that_imports_a_script_keeps_its_own_signal_handlers():
+    """interrupts.py takes the signals only in a process started as a script: the tests (which
+    import the scripts) and a user's notebook keep Python's Ctrl-C."""
+    probe = (f"import signal, sys; sys.path.insert(0, {str(ROOT)!r}); import interrupts; "
+             f"print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
+             f"signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    r = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["True", "True"], r.stdout + r.stderr
 
 
 # ------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ On simcse.py's real runs (tiny BERT, small STS, CPU):
   checkpoint, and the same command plus --resume then gives the uninterrupted run's log; an
   --output_dir that cannot be written is refused at the start (exit 2);
 - SIGTERM ends a run like Ctrl-C (exit 143, one line with --resume) and lets go of the folder at
-  once: a second process takes it while the first is still alive.
+  once: a second process takes it while the first is still alive; a stop before the run is
+  recorded says to run the same command again (--resume would be refused).
 """
 
 from __future__ import annotations
@@ -580,6 +581,23 @@ def test_an_output_dir_in_a_read_only_folder_is_refused_at_the_start(tmp_path, t
         assert not cache.exists() and not out.exists()
     finally:
         ro.chmod(0o755)
+
+
+def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, monkeypatch):
+    """Ctrl-C while start() still checks the input, before args.json: --resume would be refused
+    (nothing to continue), so the line says to run the same command; that command trains the run."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "encoder_positions", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 130, err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == \
+        ["interrupted (Ctrl-C). The run was not recorded yet: there is nothing for --resume to continue. "
+         "Run the same command again."], err[-3000:]
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 0, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
 
 
 # ------------------------------------------------------------------------------------
