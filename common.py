@@ -1319,10 +1319,12 @@ LOCK = "run.lock"
 recorded_run: Path | None = None
 
 
-def hold_run_folder(folder: str | Path) -> None:
+def hold_run_folder(folder: str | Path, mid_run: bool = False) -> None:
     """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
     process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
-    stops here, told which process holds it. NOTE(ours): no fcntl (Windows), no lock."""
+    stops here, told which process holds it. A folder that cannot be written refuses the command;
+    `mid_run` (a folder a run takes as it goes, rcl's entropy models): the OSError is left to the
+    caller's writing(), a failed write. NOTE(ours): no fcntl (Windows), no lock."""
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
@@ -1331,6 +1333,8 @@ def hold_run_folder(folder: str | Path) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
     except OSError as e:
+        if mid_run:
+            raise
         raise UserError(unwritable.format(e.strerror or e))
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1348,6 +1352,8 @@ def hold_run_folder(folder: str | Path) -> None:
     except OSError as e:                # a full disk: the lock's line is the run's first write
         with contextlib.suppress(OSError):
             f.close()
+        if mid_run:
+            raise
         raise UserError(unwritable.format(e.strerror or e))
     held_locks[key] = f
 

@@ -9,9 +9,11 @@ that really fails:
 - an ext4 image forced read-only in the middle of a run (its trigger_fs_error, as a disk error
   does it), then checked (e2fsck) and mounted again for --resume;
 - a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start;
-- SIGINT and SIGTERM while the script still imports torch.
-Each ends in exactly one line with its exit status (4 for a failed write, 130/143 for a signal), no
-traceback, and the command that line names then finishes the run.
+- SIGINT and SIGTERM while the script still imports torch;
+- rcl.py: an entropy folder's run.lock that cannot be written mid-run (played: no size of disk
+  makes that one write fail), a second start while the first still runs.
+Each ends in exactly one line with its exit status (4 for a failed write, 130/143 for a signal, 2
+for a refusal), no traceback, and the command that line names then finishes the run.
 Mounting needs root (CAP_SYS_ADMIN): without it those tests are skipped, saying why.
 """
 
@@ -338,3 +340,70 @@ def test_rcl_a_full_disk_at_each_stage_ends_in_one_line_and_resume_finishes(tmp_
         r = _script("rcl.py", argv(out, "--resume", flags=RCL_FLAGS))
         _finished(r, out, 2)
         assert (entropy / rcl.DONE).is_file() and (entropy / "end").is_dir()
+
+
+# rcl.py as `python rcl.py ARGV` runs it, with one write played as a full disk: the run.lock of
+# its second entropy folder (the lock of a folder taken mid-run)
+LOCK_FAILS = """
+import builtins, errno, os, runpy, sys
+real = builtins.open
+def full(file, *a, **k):
+    if str(file).endswith(os.path.join("entropy_phi0.02", "run.lock")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real(file, *a, **k)
+builtins.open = full
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_rcl_an_entropy_folder_whose_lock_cannot_be_written_ends_as_a_failed_write(tmp_path, argv):
+    out = tmp_path / "run"
+    flags = [*RCL_FLAGS, "--phi", "0.01", "0.02"]
+    r = subprocess.run([sys.executable, "-c", LOCK_FAILS, str(ROOT / "rcl.py"), *argv(out, flags=flags)],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    line = _line(r, 4)
+    assert line.startswith(f"error: could not write {out / 'entropy_phi0.02' / 'run.lock'}: {ENOSPC}. no "
+                           f"checkpoint was written yet in entropy_phi0.02; finished and kept: "
+                           f"entropy_phi0.01; "), line
+    assert line.endswith("the same command plus --resume continues."), line
+    _finished(_script("rcl.py", argv(out, "--resume", flags=flags)), out, 2)
+
+
+# rcl.py held still inside its entropy model's 3rd step (after its first checkpoint) for up to 10
+# minutes: a run surely alive while a second process starts on its folder
+HELD = """
+import runpy, sys, time
+sys.path.insert(0, sys.argv[1])
+import common
+real, calls = common.train_step, [0]
+def held(*a, **k):
+    calls[0] += 1
+    t0 = time.time()
+    while calls[0] == 3 and time.time() - t0 < 600:
+        time.sleep(0.1)
+    return real(*a, **k)
+common.train_step = held
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, argv):
+    """A second plain start (a job scheduler's retry, another terminal) while stage 1 runs: refused
+    in one line (exit 2) that names the process holding the folder, as for any run folder."""
+    out = tmp_path / "run"
+    flags = [*RCL_FLAGS, "--max_steps", "6"]
+    command = [sys.executable, "-c", HELD, str(ROOT), str(ROOT / "rcl.py"), *argv(out, flags=flags)]
+    first = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not (out / "entropy_phi0.01" / "last" / "state.pt").exists():
+            assert first.poll() is None and time.time() - t0 < 120, first.stderr.read()[-3000:]
+            time.sleep(0.1)
+        line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
+        assert first.poll() is None, "the first run ended before the second one tried its folder"
+        assert f"is in use by process {first.pid} " in line, line
+    finally:
+        first.kill()
+        first.wait()
