@@ -21,6 +21,7 @@ import contextlib
 import copy
 import csv
 import dataclasses
+import errno
 import functools
 import hashlib
 import io
@@ -29,6 +30,7 @@ import math
 import os
 import pickle
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -1180,17 +1182,54 @@ class WriteFailed(Exception):
     """A write that failed (disk full, quota, read-only, permission): one line, exit status 4."""
 
 
+# The libraries' own exceptions for a write the system refused, beside OSError: torch.save raises
+# RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos N vs M", chained on
+# "basic_ios::clear: iostream error"), safetensors its SafetensorError and the tokenizers a bare
+# Exception, both ending in "(os error 28)". Any other exception is a bug: its traceback stays.
+TORCH_IO = ("inline_container.cc", "iostream error")
+OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# what to make possible again, by the system's reason
+REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",
+          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
+          errno.EIO: "a disk that works again: the system's log says what failed"}
+
+
+def refused_write(e: BaseException) -> tuple[int | None, str] | None:
+    """(errno, the system's words) for an exception that says the system refused a write: an
+    OSError, or a library's error above (the errno found in it or in what it was raised from).
+    None for any other exception."""
+    if not (isinstance(e, OSError) or OS_ERROR.search(str(e))
+            or isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_IO)):
+        return None
+    seen = []
+    while e is not None and e not in seen and len(seen) < 8:
+        seen.append(e)
+        if isinstance(e, OSError):
+            return e.errno, e.strerror or str(e)
+        if m := OS_ERROR.search(str(e)):
+            return int(m[1]), os.strerror(int(m[1]))
+        e = e.__cause__ or e.__context__
+    return None, "an I/O error (the library did not say which)"
+
+
 @contextlib.contextmanager
 def writing(what: str, checkpoint: str, then: str = "the same command plus --resume continues"):
-    """An OSError inside becomes WriteFailed: what, why, what is intact (`checkpoint`), what next."""
+    """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
+    intact (`checkpoint`), what next."""
     try:
         yield
-    except OSError as e:
-        raise WriteFailed(f"could not write {what}: {e.strerror or e}. {checkpoint}; once it can be "
-                          f"written again (free space, a writable place), {then}.") from e
+    except Exception as e:
+        refused = refused_write(e)
+        if refused is None:
+            raise
+        code, reason = refused
+        remedy = REMEDY.get(code, "free space, a writable place")
+        raise WriteFailed(f"could not write {what}: {reason}. {checkpoint}; once it can be written again "
+                          f"({remedy}), {then}.") from e
 
 
 NO_CHECKPOINT = "no checkpoint was written yet"
+CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 
 
 def intact(step: int, last: Path) -> str:
@@ -1210,6 +1249,17 @@ def checkpoint_kept(out: str | Path) -> str:
     return intact(step, last.parent)
 
 
+def _fsync(path: Path) -> None:
+    """Make `path` (a file, or a folder's list of names) reach the disk now: a full disk is told
+    at the write, not later (a network disk, say, reports it only when its data are sent), and a
+    crash of the machine cannot leave a committed checkpoint empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     """A temporary folder beside `final` and a commit() that swaps it into place: a run
     killed at any moment leaves either the old folder or the new one, never half of one."""
@@ -1217,23 +1267,53 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
 
     def commit():
+        for p in [*sorted(tmp.rglob("*")), tmp]:
+            _fsync(p)
         old = final.with_name(f".{final.name}.old")
         if old.exists():
             shutil.rmtree(old)
         if final.exists():
             os.replace(final, old)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old.exists():
+                os.replace(old, final)
+            raise
+        _fsync(final.parent)
         if old.exists():
             shutil.rmtree(old)
 
     return tmp, commit
 
 
+@contextlib.contextmanager
+def atomic_dir(final: Path):
+    """_atomic_dir as a block: the temporary folder is filled inside and swapped in at its end; a
+    write that fails removes it (a partial copy would hold the space a full disk needs back)."""
+    tmp, commit = _atomic_dir(final)
+    try:
+        yield tmp
+        commit()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a small file through a temporary name: a kill leaves the old file or the new one."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write a small file through a temporary name: a kill leaves the old file or the new one; a
+    failed write leaves no temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def recover_dir(final: Path) -> Path:
@@ -1250,12 +1330,16 @@ def recover_dir(final: Path) -> Path:
 # the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
 held_locks: dict[str, Any] = {}
 LOCK = "run.lock"
+# the run folder whose record (args.json) start() wrote for this command: what a Ctrl-C's line offers
+recorded_run: Path | None = None
 
 
-def hold_run_folder(folder: str | Path) -> None:
+def hold_run_folder(folder: str | Path, mid_run: bool = False) -> None:
     """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
     process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
-    stops here, told which process holds it. NOTE(ours): no fcntl (Windows), no lock."""
+    stops here, told which process holds it. A folder that cannot be written refuses the command;
+    `mid_run` (a folder a run takes as it goes, rcl's entropy models): the OSError is left to the
+    caller's writing(), a failed write. NOTE(ours): no fcntl (Windows), no lock."""
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
@@ -1264,6 +1348,8 @@ def hold_run_folder(folder: str | Path) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
     except OSError as e:
+        if mid_run:
+            raise
         raise UserError(unwritable.format(e.strerror or e))
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1281,6 +1367,8 @@ def hold_run_folder(folder: str | Path) -> None:
     except OSError as e:                # a full disk: the lock's line is the run's first write
         with contextlib.suppress(OSError):
             f.close()
+        if mid_run:
+            raise
         raise UserError(unwritable.format(e.strerror or e))
     held_locks[key] = f
 
@@ -1317,16 +1405,21 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     raise error
 
 
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in chunks (any size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def record_run(out: Path, args: TrainArgs) -> None:
     """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
     are written once, when the run starts. On --resume the command is held to them first:
     any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    digest = hashlib.sha256()
-    with open(args.data, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    run = {"script": f"{script_name(args)}.py", "data_sha256": digest.hexdigest()}
+    run = {"script": f"{script_name(args)}.py", "data_sha256": sha256_file(args.data)}
     if args.resume and (out / "args.json").is_file():
         then = json.loads((out / "args.json").read_text())
         then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
@@ -1339,10 +1432,21 @@ def record_run(out: Path, args: TrainArgs) -> None:
                             f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
                             "flags, start a new run: leave out --resume and --output_dir (the default "
                             "folder is named after the flags) or give another --output_dir.")
+        if then_run:
+            return
+        # a folder from before run.json: its data cannot be checked; from now on it is held to these
+        print(f"note: {out} has no run.json (written by an earlier version): --data {args.data} cannot be "
+              f"checked against the data the run started with; its fingerprint is recorded now",
+              file=sys.stderr)
+        with writing(str(out / "run.json"), checkpoint_kept(out)):
+            write_text_atomic(out / "run.json", json.dumps(run, indent=2))
         return
-    with writing(f"{out / 'args.json'}", NO_CHECKPOINT, "the same command starts the run"):
-        write_text_atomic(out / "args.json", json.dumps(flags, indent=2))
-        write_text_atomic(out / "run.json", json.dumps(run, indent=2))
+    # run.json first, and no args.json of an earlier start left beside it: a folder whose args.json
+    # --resume accepts always holds the fingerprint of the data that run trained on
+    (out / "args.json").unlink(missing_ok=True)
+    for name, record in (("run.json", run), ("args.json", flags)):
+        with writing(str(out / name), NO_CHECKPOINT, "the same command starts the run"):
+            write_text_atomic(out / name, json.dumps(record, indent=2))
 
 
 def start(args: TrainArgs) -> torch.device:
@@ -1373,6 +1477,8 @@ def start(args: TrainArgs) -> torch.device:
         recover_dir(out / "best")
         recover_dir(out / "last")
     barrier()
+    global recorded_run
+    recorded_run = Path(args.output_dir)
     return device
 
 
@@ -1411,6 +1517,8 @@ class RunFolder:
             self.best, self.best_step = self.last["stsb_dev"], step
         record = dict(self.last, best_stsb_dev=self.best)
         self.write(record)
+        with writing(str(self.log), self.kept):
+            _fsync(self.log)      # on the disk up to the length last/ records: a resume cuts it back there
         stop = self.state["should_stop"]
         state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
         state.update(loop)
@@ -1419,10 +1527,11 @@ class RunFolder:
                       "should_stop": getattr(stop, "state_dict", lambda: None)(),
                       "rng_cpu": torch.get_rng_state(),
                       "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-        with writing(str(self.out / "last"), self.kept):
-            tmp, commit = _atomic_dir(self.out / "last")
-            torch.save(state, tmp / "state.pt")
-            commit()
+        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
+            with open(tmp / "state.pt", "wb") as f:
+                torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
+            # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
+            (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
         self.kept = intact(step, self.out / "last")
         if self.best_step == step:
             self.save_best(record)
@@ -1444,6 +1553,12 @@ class RunFolder:
             state = torch.load(last, map_location="cpu", weights_only=True)
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
+        # bytes damaged on the disk (tensor data load without a word) or another file put in its place;
+        # a checkpoint of an earlier version of this code has no checksum beside it
+        recorded = last.with_name(CHECKSUM)
+        if recorded.is_file() and (recorded.read_text().split() or [""])[0] != sha256_file(last):
+            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
+                                               f"it: damaged on the disk, or replaced"))
         try:
             for k in ("model", "opt", "sched"):
                 self.state[k].load_state_dict(state[k])
@@ -1472,8 +1587,8 @@ class RunFolder:
                   f"{state['best_step']})", file=sys.stderr)
         return state
 
-    def damaged(self, last: Path, e: Exception) -> str:
-        """The one line for a last/state.pt that cannot be this run's checkpoint."""
+    def damaged(self, last: Path, e: Exception | str) -> str:
+        """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         if "Weights only load failed" in str(e):
             reason = "it holds objects other than tensors and numbers, which loading would run as code"
@@ -1497,47 +1612,45 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
     """Save an encoder atomically for AutoModel and SentenceTransformer alike. The `cls` pooler's MLP
     goes into BERT's own pooler (tanh(W h_cls + b) is the MLP) and into a Dense module with Tanh.
     `extra` = {filename: json-able}."""
-    tmp, commit = _atomic_dir(Path(path))
+    with atomic_dir(Path(path)) as tmp:    # swapped in whole at the end, or removed
+        def dump(name: str, obj) -> None:
+            (tmp / name).parent.mkdir(exist_ok=True)
+            (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
 
-    def dump(name: str, obj) -> None:
-        (tmp / name).parent.mkdir(exist_ok=True)
-        (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
-
-    if pooler == "cls":
-        if mlp is None:
-            raise ValueError("pooler 'cls' is saved with its MLP")
-        if hasattr(getattr(encoder, "pooler", None), "dense"):
-            encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
-    encoder.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    d = encoder.config.hidden_size
-    st_pooling = ST_POOLING.get(pooler)
-    if st_pooling is None:
-        print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
-              file=sys.stderr)
-    else:
-        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
-        off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-        dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
-                                       "pooling_mode_cls_token": st_pooling == "cls",
-                                       "pooling_mode_mean_tokens": st_pooling == "mean",
-                                       **{f"pooling_mode_{k}": False for k in off}})
         if pooler == "cls":
-            from safetensors.torch import save_file
-            modules.append(("2_Dense", "Dense"))
-            dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
-                                         "activation_function": "torch.nn.modules.activation.Tanh"})
-            weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
-                       for k, v in mlp.dense.state_dict().items()}
-            save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
-        dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
-                               "type": f"sentence_transformers.models.{kind}"}
-                              for i, (folder, kind) in enumerate(modules)])
-        dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
-                                           "do_lower_case": False})
-    for name, obj in (extra or {}).items():
-        dump(name, obj)
-    commit()
+            if mlp is None:
+                raise ValueError("pooler 'cls' is saved with its MLP")
+            if hasattr(getattr(encoder, "pooler", None), "dense"):
+                encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
+        encoder.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        d = encoder.config.hidden_size
+        st_pooling = ST_POOLING.get(pooler)
+        if st_pooling is None:
+            print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
+                  file=sys.stderr)
+        else:
+            modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+            off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+            dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
+                                           "pooling_mode_cls_token": st_pooling == "cls",
+                                           "pooling_mode_mean_tokens": st_pooling == "mean",
+                                           **{f"pooling_mode_{k}": False for k in off}})
+            if pooler == "cls":
+                from safetensors.torch import save_file
+                modules.append(("2_Dense", "Dense"))
+                dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
+                                             "activation_function": "torch.nn.modules.activation.Tanh"})
+                weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
+                           for k, v in mlp.dense.state_dict().items()}
+                save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
+            dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
+                                   "type": f"sentence_transformers.models.{kind}"}
+                                  for i, (folder, kind) in enumerate(modules)])
+            dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
+                                               "do_lower_case": False})
+        for name, obj in (extra or {}).items():
+            dump(name, obj)
 
 
 
@@ -1719,6 +1832,16 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+def after_a_stop() -> str:
+    """What run_main's line after Ctrl-C or SIGTERM says to run: --resume once start() has recorded
+    the run (args.json: --resume accepts it), else the same command (--resume would be refused)."""
+    if recorded_run is not None and (recorded_run / "args.json").is_file():
+        return (f"What was already written in {recorded_run} is kept; the same command plus --resume "
+                f"continues the run (from its last checkpoint, if one was written).")
+    return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \
+        "again."
+
+
 def close_bars() -> None:
     """Close the progress bars still drawn (a bar ends in no newline): run_main's line then starts
     a line of its own instead of being glued to the bar's end."""
@@ -1729,7 +1852,11 @@ def close_bars() -> None:
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
     of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
+    global recorded_run
+    recorded_run = None                                           # start() records this command's run
     if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # Ctrl-C back from interrupts.py
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         main(sys.argv[1:] if argv is None else argv)
@@ -1742,9 +1869,8 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         print(f"error: {e}", file=sys.stderr)
         sys.exit(4)
     except KeyboardInterrupt as e:
-        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"\n{what}. What was already written is kept; a training run continues from its last "
-              f"checkpoint with the same command plus --resume.", file=sys.stderr)
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+        print(f"\n{what}. {after_a_stop()}", file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "

@@ -58,6 +58,8 @@ run rank 0 translates while the other ranks wait for the file, then every rank r
 
 from __future__ import annotations
 
+import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+
 import math
 import os
 import sys

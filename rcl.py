@@ -57,9 +57,12 @@ rank, so all ranks stop at the same step. Markers are written by rank 0.
 
 from __future__ import annotations
 
+import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+
 import dataclasses
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,6 +365,8 @@ def start(args: Args) -> torch.device:
     out = Path(args.output_dir)
     stage1 = sorted(out.glob("entropy_phi*")) if out.is_dir() else []
     if stage1 and not args.resume:
+        if os.environ.get("RANK", "0") == "0":   # a run alive in the folder is named first (its process)
+            common.hold_run_folder(out)
         raise UserError(f"--output_dir {out} already holds entropy models ({stage1[0].name}, ...). "
                         f"Add --resume to reuse the finished ones, or choose another --output_dir.")
     return common.start(args)
@@ -397,9 +402,14 @@ def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device
         if not (common.recover_dir(folder / "last") / "state.pt").exists():
             shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
     common.barrier()
-    folder.mkdir(parents=True, exist_ok=True)
-    if main_proc:
-        common.hold_run_folder(folder)     # one process a folder, as common.start holds --output_dir
+    kept = common.checkpoint_kept(folder)     # what a failed write of its lock leaves intact
+    kept += f" in {folder.name}" if kept == common.NO_CHECKPOINT else ""
+    finished = [d.name for d in sorted(folder.parent.glob("entropy_phi*")) if (d / DONE).is_file()]
+    kept += f"; finished and kept: {', '.join(finished)}" if finished else ""
+    with common.writing(str(folder / common.LOCK), kept):
+        folder.mkdir(parents=True, exist_ok=True)
+        if main_proc:          # one process a folder, as common.start holds --output_dir
+            common.hold_run_folder(folder, mid_run=True)
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
     model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)

@@ -38,6 +38,8 @@ paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
+import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+
 import math
 import sys
 from dataclasses import dataclass

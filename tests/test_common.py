@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import json
+import re
 import tarfile
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 from scipy.stats import spearmanr
 
 import common
@@ -340,6 +342,39 @@ def test_atomic_dir_keeps_old_until_commit_and_recovers(tmp_path):
     tmp, _ = common._atomic_dir(final)
     (tmp / "v").write_text("newer")
     assert (common.recover_dir(final) / "v").read_text() == "new" and not tmp.exists()
+
+
+# what the libraries raise for a write the system refused (seen on a full tmpfs, under `ulimit -f`,
+# on a read-only mount): (the error, what it was raised while handling, the system's words told)
+TORCH_POS = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+LIBRARY_WRITE_ERRORS = {
+    "torch.save to a path": (RuntimeError(TORCH_POS), RuntimeError("basic_ios::clear: iostream error"),
+                             "an I/O error (the library did not say which)"),
+    "torch.save to a file": (RuntimeError(TORCH_POS), OSError(27, "File too large"), "File too large"),
+    "safetensors": (SafetensorError("Error while serializing: I/O error: Read-only file system (os error 30) "
+                                    "at path \"/x/.tmpN8NdUJ\""), None, "Read-only file system"),
+    "the tokenizer": (Exception("No space left on device (os error 28)"), None, "No space left on device"),
+}
+
+
+@pytest.mark.parametrize("library", list(LIBRARY_WRITE_ERRORS))
+def test_a_library_s_own_error_for_a_refused_write_is_a_failed_write(library):
+    e, context, reason = LIBRARY_WRITE_ERRORS[library]
+    with pytest.raises(common.WriteFailed, match=rf"^could not write best: {re.escape(reason)}\. kept; "):
+        with common.writing("best", "kept"):
+            try:
+                if context is not None:
+                    raise context
+            finally:
+                raise e
+
+
+@pytest.mark.parametrize("bug", [RuntimeError("The size of tensor a (4) must match the size of tensor b (3)"),
+                                 ValueError("pooler 'cls' is saved with its MLP"), KeyError("model")])
+def test_a_bug_inside_a_write_keeps_its_traceback(bug):
+    with pytest.raises(type(bug)):
+        with common.writing("best", "kept"):
+            raise bug
 
 
 def test_output_dir_guard(tmp_path):

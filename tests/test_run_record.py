@@ -5,14 +5,16 @@ On simcse.py's real runs (tiny BERT, small STS, CPU):
   naming each difference with both values; flags that only say where and how a run is written
   (common.NOT_TRAINING) may change;
 - a last/state.pt that is not this run's checkpoint (cut short, empty, text, another model's, one
-  that carries code) is refused in one line (exit 2), naming what is still good, and the folder is
-  left byte for byte as it was; a pickled callable is never run;
+  that carries code, zeros in its tensor data that only its checksum tells) is refused in one line
+  (exit 2), naming what is still good, and the folder is left byte for byte as it was; a pickled
+  callable is never run; a checkpoint without a checksum (an earlier version's) still resumes;
 - a write that fails (ENOSPC) in last/, best/ (the final test_metrics.json too), metrics.jsonl or
   the token cache ends the run in one line (exit 4) naming what failed and the intact
   checkpoint, and the same command plus --resume then gives the uninterrupted run's log; an
   --output_dir that cannot be written is refused at the start (exit 2);
 - SIGTERM ends a run like Ctrl-C (exit 143, one line with --resume) and lets go of the folder at
-  once: a second process takes it while the first is still alive.
+  once: a second process takes it while the first is still alive; a stop before the run is
+  recorded says to run the same command again (--resume would be refused).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +197,26 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     assert _tree(out) == before
 
 
+def test_a_run_without_run_json_resumes_with_a_note_and_is_held_to_the_data_from_then_on(
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
+    """A folder from before run.json (args.json alone): its data cannot be checked, which --resume
+    says, and the data's fingerprint is recorded then; other data is refused after that."""
+    out = _copy(interrupted, tmp_path)
+    (out / "run.json").unlink()
+    mine = tmp_path / "sentences.txt"
+    shutil.copy(data, mine)
+    flags = json.loads((out / "args.json").read_text())
+    (out / "args.json").write_text(json.dumps({**flags, "data": str(mine)}, indent=2))   # its own file
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"note: {out} has no run.json" in err and "its fingerprint is recorded now" in err, err[-3000:]
+    assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+    mine.write_text("other sentences\n" * 300, encoding="utf-8")
+    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    assert f"--data {mine}: its content is not the data the run started with" in err, err[-3000:]
+
+
 def test_resume_may_change_where_and_how_a_run_is_written(tmp_path, tiny_bert, data, small_sts,
                                                           interrupted, finished, capsys):
     """--log_every, --cache_dir and --compile (NOT_TRAINING) say nothing about what is trained:
@@ -227,7 +251,22 @@ def _other_model(path: Path) -> None:
     torch.save(state, path)
 
 
+def _zeros_in_tensor_data(path: Path) -> None:
+    """4 KB of zeros inside the largest tensor's bytes (a bad disk block): the file still loads, as
+    a whole checkpoint, without a word; only the checksum written beside it tells."""
+    with zipfile.ZipFile(path) as z:
+        entry = max(z.infolist(), key=lambda i: i.file_size)
+    assert entry.compress_type == zipfile.ZIP_STORED and entry.file_size > 3 * 4096
+    with open(path, "r+b") as f:
+        f.seek(entry.header_offset + 26)        # the local header: its name's and extra field's lengths
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        f.seek(entry.header_offset + 30 + name_len + extra_len + 4096)
+        f.write(bytes(4096))
+    torch.load(path, weights_only=True)
+
+
 DAMAGES = {
+    "4 KB of zeros in its tensor data": _zeros_in_tensor_data,
     "cut to half": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
     "empty": lambda p: p.write_bytes(b""),
     "a text file": lambda p: p.write_text("step 4, loss 0.12\n"),
@@ -252,6 +291,21 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
            f"{out / 'metrics.jsonl'}" in message, message
     assert "another --output_dir" in message, message
     assert _tree(out) == before
+
+
+def test_a_checkpoint_without_a_checksum_still_resumes(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                       finished, capsys):
+    """last/ written before checkpoints carried their SHA-256 (state.pt alone) resumes as before."""
+    out = _copy(interrupted, tmp_path)
+    (out / "last" / common.CHECKSUM).unlink()
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"resuming {out} at step 2 " in err, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
+    # each checkpoint written since carries it again, and it is the SHA-256 of state.pt's bytes
+    digest, name = (out / "last" / common.CHECKSUM).read_text().split()
+    assert name == "state.pt"
+    assert digest == hashlib.sha256((out / "last" / "state.pt").read_bytes()).hexdigest()
 
 
 class _Shell:
@@ -301,7 +355,7 @@ def _fail_last(monkeypatch, out: Path) -> str:
     real, calls = torch.save, [0]
 
     def save(obj, f, *a, **k):
-        if Path(f).name == "state.pt":
+        if Path(getattr(f, "name", f)).name == "state.pt":       # a path, or the open file
             calls[0] += 1
             if calls[0] == 2:
                 raise _no_space()
@@ -527,6 +581,23 @@ def test_an_output_dir_in_a_read_only_folder_is_refused_at_the_start(tmp_path, t
         assert not cache.exists() and not out.exists()
     finally:
         ro.chmod(0o755)
+
+
+def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
+        tmp_path, tiny_bert, data, small_sts, finished, capsys, monkeypatch):
+    """Ctrl-C while start() still checks the input, before args.json: --resume would be refused
+    (nothing to continue), so the line says to run the same command; that command trains the run."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "encoder_positions", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 130, err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == \
+        ["interrupted (Ctrl-C). The run was not recorded yet: there is nothing for --resume to continue. "
+         "Run the same command again."], err[-3000:]
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
+    assert code == 0, err[-3000:]
+    _same_run(out, finished, log_every=1, eval_every=2)
 
 
 # ------------------------------------------------------------------------------------

@@ -24,9 +24,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/translate.py` from anywhere
+import interrupts  # noqa: E402  first of the slow imports: a Ctrl-C or SIGTERM during them ends in one line
+
+import torch  # noqa: E402
+
 import common  # noqa: E402
 from common import UserError, arg  # noqa: E402
 

@@ -1,0 +1,409 @@
+"""Real faults, not raised by hand: what a user reads when the disk, the system or a signal stops a run.
+
+Each test runs a script as a user does (a subprocess on the tiny BERT, --no-compile) into a place
+that really fails:
+- a small tmpfs, sized from a reference run's files so that the disk fills inside the chosen
+  write (simcse.py's last/ and best/; rcl.py's entropy model's best/ and end/, and its final
+  model's best/), then made larger (a live remount) so that --resume finishes the run;
+- `ulimit -f` (EFBIG) under last/state.pt;
+- an ext4 image forced read-only in the middle of a run (its trigger_fs_error, as a disk error
+  does it), then checked (e2fsck) and mounted again for --resume;
+- a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start;
+- SIGINT and SIGTERM while the script still imports torch;
+- rcl.py: an entropy folder's run.lock that cannot be written mid-run (played: no size of disk
+  makes that one write fail), a second start while the first still runs.
+Each ends in exactly one line with its exit status (4 for a failed write, 130/143 for a signal, 2
+for a refusal), no traceback, and the command that line names then finishes the run.
+Mounting needs root (CAP_SYS_ADMIN): without it those tests are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import common
+import rcl
+import simcse
+from conftest import ROOT
+
+PAGE = os.sysconf("SC_PAGE_SIZE")     # tmpfs counts whole pages
+ENOSPC, EROFS, EFBIG, EIO = (os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EIO))
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+           OMP_NUM_THREADS="1")
+# checkpoints (last/, and best/ when the best) at steps 2 and 4, a training record every step
+FLAGS = ["--batch_size", "8", "--max_steps", "4", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3",
+         "--max_len", "16", "--no-compile"]
+# rcl: one entropy model and the final model, one checkpoint each (step 2), no early stop
+RCL_FLAGS = [*FLAGS, "--max_steps", "2", "--phi", "0.01", "--patience", "0", "--pooler", "cls_before_pooler"]
+SMALL = 10   # pages for the small files: run.lock, run.json, args.json, metrics.jsonl, a checksum, ...
+
+
+# ------------------------------------------------------------------------------------
+# Helpers: mounts, the scripts as a user runs them, the one line they end with
+# ------------------------------------------------------------------------------------
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test mounts a filesystem (tmpfs, a loop-mounted ext4)")
+
+
+def _mount(*args: str) -> None:
+    r = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount here (a container without CAP_SYS_ADMIN?): {r.stderr.strip()}")
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], capture_output=True)
+    if os.path.ismount(path):                  # still busy: let the system detach it when it can
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, pages: int):
+    """A tmpfs of `pages` pages at `path`, unmounted at the end."""
+    _need_root()
+    path.mkdir(parents=True, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", f"size={pages * PAGE}", "tmpfs", str(path))
+    try:
+        yield path
+    finally:
+        _umount(path)
+
+
+def _resize(path: Path, pages: int) -> None:
+    """A live tmpfs made larger: the files on it stay, the disk has room again."""
+    subprocess.run(["mount", "-o", f"remount,size={pages * PAGE}", str(path)], check=True)
+
+
+def _pages(folder: Path) -> int:
+    return sum(-(-p.stat().st_size // PAGE) for p in folder.rglob("*") if p.is_file())
+
+
+def _script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """`python <name> ARGV`, as a user runs it."""
+    return subprocess.run([sys.executable, str(ROOT / name), *argv], env=ENV, capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def _line(r: subprocess.CompletedProcess, code: int) -> str:
+    """The one line a run ended with, exit status `code`: no traceback, nothing after it but the
+    progress bars it closed."""
+    assert r.returncode == code, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("error: ") == 1, r.stderr[-3000:]
+    tail = r.stderr[r.stderr.index("error: "):]
+    lines = [x for x in re.split(r"\r|\n", tail) if x.strip() and not re.match(r"\w+:\s+\d+%\|", x)]
+    assert len(lines) == 1, r.stderr[-3000:]
+    return lines[0]
+
+
+def _finished(r: subprocess.CompletedProcess, out: Path, total: int) -> None:
+    """The command the line named finished the run, and its log reads as one run."""
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in recs if "loss" in x] == list(range(1, total + 1)), recs
+    assert [x["step"] for x in recs if "stsb_dev" in x] == list(range(2, total + 1, 2)), recs
+    assert (out / "best" / "test_metrics.json").is_file()
+    assert not list(out.rglob(".*")), "a temporary file or folder left behind"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, corpus) -> Path:
+    """300 sentences of the synthetic corpus."""
+    p = tmp_path_factory.mktemp("data") / "sentences.txt"
+    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
+    return p
+
+
+@pytest.fixture
+def argv(tiny_bert, data, small_sts, tmp_path):
+    """The flags of a run into `out`, its tokens cached off the faulty disk."""
+    def make(out: Path, *extra: str, flags: list[str] = FLAGS) -> list[str]:
+        return ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
+                "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache"), *flags, *extra]
+    return make
+
+
+@pytest.fixture(scope="module")
+def sizes(tmp_path_factory, tiny_bert, data, small_sts) -> dict[str, int]:
+    """Pages of what the runs here write, from runs of the same flags on an ordinary disk."""
+    ref = tmp_path_factory.mktemp("reference")
+    common_argv = ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
+                   "--cache_dir", str(ref / "cache")]
+    simcse.main([*common_argv, "--output_dir", str(ref / "simcse"), *FLAGS])
+    rcl.main([*common_argv, "--output_dir", str(ref / "rcl"), *RCL_FLAGS])
+    common.release_run_folders()
+    entropy = ref / "rcl" / "entropy_phi0.01"
+    return {"last": _pages(ref / "simcse" / "last"), "best": _pages(ref / "simcse" / "best"),
+            "rcl_last": _pages(ref / "rcl" / "last"), "rcl_best": _pages(ref / "rcl" / "best"),
+            "entropy_best": _pages(entropy / "best"), "entropy_end": _pages(entropy / "end")}
+
+
+# ------------------------------------------------------------------------------------
+# A full disk, a file size limit, a disk gone read-only: last/ and best/
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("place", ["last", "best"])
+def test_a_full_disk_at_last_or_best_ends_in_one_line_and_resume_finishes(place, tmp_path, argv, sizes):
+    """The largest writes, where a disk fills: last/ of step 4 (written while step 2's is still
+    there) or best/ of step 2 (after last/ of step 2)."""
+    L, B = sizes["last"], sizes["best"]
+    pages = SMALL + L + B + L // 2 if place == "last" else SMALL + L + B // 2
+    with _tmpfs(tmp_path / "disk", pages) as disk:
+        out = disk / "run"
+        line = _line(_script("simcse.py", argv(out)), 4)
+        assert line.startswith(f"error: could not write {out / place}: {ENOSPC}. the last complete "
+                               f"checkpoint, step 2, is intact in {out / 'last'}; once it can be written "
+                               f"again (free space"), line
+        assert line.endswith("the same command plus --resume continues."), line
+        assert not list(out.glob(".*")), "the partial copy is left behind, holding the space"
+        _resize(disk, 4 * pages)
+        r = _script("simcse.py", argv(out, "--resume"))
+        assert f"resuming {out} at step 2 " in r.stderr, r.stderr[-3000:]
+        _finished(r, out, 4)
+
+
+def test_a_file_size_limit_at_last_ends_in_one_line_and_resume_finishes(tmp_path, argv, sizes):
+    """`ulimit -f` below last/state.pt (the largest file; best/'s files and the token cache fit):
+    the first checkpoint fails with EFBIG."""
+    out, limit = tmp_path / "run", sizes["last"] * PAGE // 2
+    assert limit > sizes["best"] * PAGE // 2
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # the write returns EFBIG, no signal kills it
+    line = _line(_script("simcse.py", argv(out), preexec_fn=limited), 4)
+    assert line == (f"error: could not write {out / 'last'}: {EFBIG}. no checkpoint was written yet; once "
+                    f"it can be written again (a larger file size limit: ulimit -f), the same command plus "
+                    f"--resume continues."), line
+    r = _script("simcse.py", argv(out, "--resume"))
+    assert f"no checkpoint in {out / 'last'} yet: training starts from step 0" in r.stderr, r.stderr[-3000:]
+    _finished(r, out, 4)
+
+
+def _loop_device(mountpoint: Path) -> str:
+    for row in Path("/proc/self/mounts").read_text().splitlines():
+        source, target = row.split()[:2]
+        if target == str(mountpoint):
+            return Path(source).name
+    raise AssertionError(f"{mountpoint} is not mounted")
+
+
+def test_a_disk_forced_read_only_mid_run_ends_in_one_line_and_resume_finishes(tmp_path, argv):
+    """An ext4 disk that the kernel turns read-only under a running run (errors=remount-ro and a
+    disk error, here its trigger_fs_error): whichever write comes next fails with EROFS."""
+    _need_root()
+    if not (shutil.which("mkfs.ext4") and shutil.which("e2fsck")):
+        pytest.skip("needs mkfs.ext4 and e2fsck (e2fsprogs)")
+    img, disk = tmp_path / "disk.img", tmp_path / "disk"
+    disk.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True, capture_output=True)
+    _mount("-o", "loop,errors=remount-ro", str(img), str(disk))
+    out = disk / "run"
+    flags = [*FLAGS, "--max_steps", "30"]       # 15 checkpoints: the disk turns read-only among them
+    try:
+        trigger = Path("/sys/fs/ext4") / _loop_device(disk) / "trigger_fs_error"
+        if not trigger.exists():
+            pytest.skip(f"{trigger} is missing: this kernel cannot force ext4 read-only")
+        run = subprocess.Popen([sys.executable, str(ROOT / "simcse.py"), *argv(out, flags=flags)], env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            t0 = time.time()
+            while not (out / "last" / "state.pt").exists():
+                assert run.poll() is None and time.time() - t0 < 120, run.stderr.read()[-3000:]
+                time.sleep(0.05)
+            trigger.write_text("a disk error\n")
+            stderr = run.communicate(timeout=120)[1]
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        line = _line(subprocess.CompletedProcess(run.args, run.returncode, "", stderr), 4)
+        assert line.startswith(f"error: could not write {out}"), line
+        # what the system says: EROFS, or EIO from a write it had taken before (fsync tells it)
+        assert f": {EROFS}. " in line or f": {EIO}. " in line, line
+        assert "the same command plus --resume continues." in line, line
+    finally:
+        _umount(disk)
+    subprocess.run(["e2fsck", "-fy", str(img)], capture_output=True)    # what a user's fsck does
+    _mount("-o", "loop", str(img), str(disk))
+    try:
+        _finished(_script("simcse.py", argv(out, "--resume", flags=flags)), out, 30)
+    finally:
+        _umount(disk)
+
+
+# ------------------------------------------------------------------------------------
+# The run's record at the start: run.json (the data's fingerprint) and args.json
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("free", [1, 2])
+def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its_fingerprint(
+        free, tmp_path, argv, data):
+    """A disk with `free` pages left: the lock's line takes one, then the run's record fails
+    (run.json, the data's fingerprint, is written first: there is no args.json without it). The
+    line names the file; --resume with other content in --data is refused; the same command runs."""
+    mine = tmp_path / "sentences.txt"
+    shutil.copy(data, mine)
+    with _tmpfs(tmp_path / "disk", 16) as disk:
+        (disk / "filler").write_bytes(b"\0" * (16 - free) * PAGE)
+        assert os.statvfs(disk).f_bavail == free
+        out = disk / "run"
+        args = [*argv(out)[:2], "--data", str(mine), *argv(out)[4:]]
+        line = _line(_script("simcse.py", args), 4)
+        written = "run.json" if free == 1 else "args.json"
+        assert line == (f"error: could not write {out / written}: {ENOSPC}. no checkpoint was written yet; "
+                        f"once it can be written again (free space), the same command starts the run."), line
+        assert not list(out.glob(".*")), "a temporary file left behind"
+        (disk / "filler").unlink()
+        _resize(disk, 4096)                     # room for the whole run
+        text = mine.read_text(encoding="utf-8")
+        mine.write_text("\n".join(text.splitlines()[:200]) + "\n", encoding="utf-8")   # other content
+        r = _script("simcse.py", [*args, "--resume"])
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert "--resume" in _line(r, 2)
+        mine.write_text(text, encoding="utf-8")
+        _finished(_script("simcse.py", args), out, 4)
+        assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+
+
+# ------------------------------------------------------------------------------------
+# Signals while the script imports torch (seconds): one line, nothing to resume
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_script_starts_ends_in_one_line(sig, tmp_path, argv):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, str(ROOT / "simcse.py"), *argv(out)], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)                         # torch, transformers and scipy take seconds to import
+    run.send_signal(sig)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + sig, err[-3000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (Ctrl-C)"
+    assert lines[0].startswith(what) and lines[0].endswith("Run the same command again."), lines[0]
+    assert "plus --resume" not in lines[0] and not out.exists()
+    _finished(_script("simcse.py", argv(out)), out, 4)
+
+
+def test_a_program_that_imports_a_script_keeps_its_own_signal_handlers():
+    """interrupts.py takes the signals only in a process started as a script: the tests (which
+    import the scripts) and a user's notebook keep Python's Ctrl-C."""
+    probe = (f"import signal, sys; sys.path.insert(0, {str(ROOT)!r}); import interrupts; "
+             f"print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
+             f"signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    r = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["True", "True"], r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------------------
+# rcl.py: its stages' writes on a full disk, its entropy folders' locks
+# ------------------------------------------------------------------------------------
+
+def test_rcl_a_full_disk_at_each_stage_ends_in_one_line_and_resume_finishes(tmp_path, argv, sizes):
+    """One run, its disk made larger after each failure: the entropy model's best/ (step 2), its
+    end/ (the weights it stopped with), the final model's best/; then --resume finishes it."""
+    L, EB, E, FB = sizes["rcl_last"], sizes["entropy_best"], sizes["entropy_end"], sizes["rcl_best"]
+    with _tmpfs(tmp_path / "disk", SMALL + L + EB // 2) as disk:
+        out = disk / "run"
+        entropy = out / "entropy_phi0.01"
+        stages = [(entropy / "best", entropy, SMALL + L + EB + E // 2),
+                  (entropy / "end", entropy, SMALL + L + EB + E + FB // 2),
+                  (out / "best", out, 4 * (SMALL + L + EB + E + FB))]
+        resume = []
+        for failed, folder, room in stages:
+            line = _line(_script("rcl.py", argv(out, *resume, flags=RCL_FLAGS)), 4)
+            assert line.startswith(f"error: could not write {failed}: {ENOSPC}. the last complete "
+                                   f"checkpoint, step 2, is intact in {folder / 'last'}"), line
+            assert line.endswith("the same command plus --resume continues."), line
+            assert not list(folder.glob(".*")), "the partial copy is left behind, holding the space"
+            _resize(disk, room)
+            resume = ["--resume"]
+        r = _script("rcl.py", argv(out, "--resume", flags=RCL_FLAGS))
+        _finished(r, out, 2)
+        assert (entropy / rcl.DONE).is_file() and (entropy / "end").is_dir()
+
+
+# rcl.py as `python rcl.py ARGV` runs it, with one write played as a full disk: the run.lock of
+# its second entropy folder (the lock of a folder taken mid-run)
+LOCK_FAILS = """
+import builtins, errno, os, runpy, sys
+real = builtins.open
+def full(file, *a, **k):
+    if str(file).endswith(os.path.join("entropy_phi0.02", "run.lock")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real(file, *a, **k)
+builtins.open = full
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_rcl_an_entropy_folder_whose_lock_cannot_be_written_ends_as_a_failed_write(tmp_path, argv):
+    out = tmp_path / "run"
+    flags = [*RCL_FLAGS, "--phi", "0.01", "0.02"]
+    r = subprocess.run([sys.executable, "-c", LOCK_FAILS, str(ROOT / "rcl.py"), *argv(out, flags=flags)],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    line = _line(r, 4)
+    assert line.startswith(f"error: could not write {out / 'entropy_phi0.02' / 'run.lock'}: {ENOSPC}. no "
+                           f"checkpoint was written yet in entropy_phi0.02; finished and kept: "
+                           f"entropy_phi0.01; "), line
+    assert line.endswith("the same command plus --resume continues."), line
+    _finished(_script("rcl.py", argv(out, "--resume", flags=flags)), out, 2)
+
+
+# rcl.py held still inside its entropy model's 3rd step (after its first checkpoint) for up to 10
+# minutes: a run surely alive while a second process starts on its folder
+HELD = """
+import runpy, sys, time
+sys.path.insert(0, sys.argv[1])
+import common
+real, calls = common.train_step, [0]
+def held(*a, **k):
+    calls[0] += 1
+    t0 = time.time()
+    while calls[0] == 3 and time.time() - t0 < 600:
+        time.sleep(0.1)
+    return real(*a, **k)
+common.train_step = held
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, argv):
+    """A second plain start (a job scheduler's retry, another terminal) while stage 1 runs: refused
+    in one line (exit 2) that names the process holding the folder, as for any run folder."""
+    out = tmp_path / "run"
+    flags = [*RCL_FLAGS, "--max_steps", "6"]
+    command = [sys.executable, "-c", HELD, str(ROOT), str(ROOT / "rcl.py"), *argv(out, flags=flags)]
+    first = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not (out / "entropy_phi0.01" / "last" / "state.pt").exists():
+            assert first.poll() is None and time.time() - t0 < 120, first.stderr.read()[-3000:]
+            time.sleep(0.1)
+        line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
+        assert first.poll() is None, "the first run ended before the second one tried its folder"
+        assert f"is in use by process {first.pid} " in line, line
+    finally:
+        first.kill()
+        first.wait()
