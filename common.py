@@ -1,46 +1,40 @@
-"""What every method script shares, in the order a training run meets it; a script (simcse.py,
-focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper: losses, heads, its paper's rows.
+"""What every method script shares, in the order a training run meets it, for a reader of the
+papers; a script (simcse.py, focal_infonce.py, ifcl.py, conisi.py, rcl.py) holds its paper: losses,
+heads, its paper's rows.
 
-    Flags            arg(), TrainArgs: the shared flags, each with its source and range
+    Flags            TrainArgs: the shared flags, each with its source and range
     Data             the training file, tokenised once into integer arrays, batches
     Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
     STS evaluation   evaluate_sts as SimCSE's SentEval computes it; alignment and uniformity
     The paper's rows PaperRow, select_rows: the published rows a run's flags reproduce
     Distributed      gather: under torchrun every loss sees the global batch
+    Start-up         start: every flag and file checked before anything is written
+    The loop's parts the seed, the log's running means, what an evaluation records
     The step         train_step: forward, backward, clip, AdamW, schedule
     The loop         train: batch, step, log, evaluate, checkpoint; the final report
-Below the `Infrastructure` banner (a reader may stop there): downloads, input checks, the run
-folder (lock, the run's record, checkpoint and resume), the export, the compiled step, and the
-command line (python common.py eval | download). tools/ holds compare.py, bench.py, translate.py.
+    The command line python common.py eval | download
+
+What keeps a run safe and fast comes from plumbing/, a module for each thing it holds: flags
+(argparse from the Args dataclasses), inputs (the files a run is given, checked; the token
+cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
+checkpoints, --resume, stages), atomic_writes, export (a folder transformers and
+sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
+progress bars, the one-line errors), command_line (exit statuses), interrupts (signals while a
+script starts) and translation (IFCL's German file). A reader of the papers need not open them.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
-import csv
 import dataclasses
-import errno
 import functools
-import hashlib
-import io
 import json
 import math
 import os
-import pickle
 import random
-import re
-import shlex
-import shutil
-import signal
 import sys
-import tarfile
-import tempfile
-import threading
 import time
-import typing
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -51,45 +45,22 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from scipy.stats import spearmanr
-from tqdm.auto import tqdm  # comes with transformers
 
-try:
-    import fcntl  # POSIX: the run-folder lock (hold_run_folder)
-except ImportError:                    # Windows
-    fcntl = None
-
-
-class UserError(Exception):
-    """A problem with the user's input (a file, a flag): printed as one clear message."""
-
-
-def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
-    """The progress bar of every long loop (tokenising, downloading, training, translating)."""
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
-                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
-
+from plumbing import downloads, flags, inputs
+from plumbing.command_line import run_main
+from plumbing.compiled_step import fast_forward
+from plumbing.flags import NOT_TRAINING, arg, parse_args
+from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
+from plumbing.process import UserError, barrier, progress, world
+from plumbing.run_folder import RunFolder, open_run, write_json
 
 # =====================================================================================
 # Flags: one @dataclass Args per script becomes argparse flags with help and source
 # =====================================================================================
 
-def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,
-        ge: float | None = None, gt: float | None = None, le: float | None = None,
-        lt: float | None = None, note: str = "", positional: bool = False) -> Any:
-    """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
-    official code, ours), its range (ge >=, gt >, le <=, lt <; each element of a list) and a
-    `note` for a range error (the values the paper used). `positional`: compare's bare words."""
-    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
-    meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
-            "range": {k: v for k, v in bounds.items() if v is not None}}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# Flags that say where and how a run is written and shown, not what it trains: --resume may
-# change them, the default run folder's name leaves them out, compare.py ignores them
-NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
+# arg() declares a field: its help, the source of its default, its range. NOT_TRAINING names
+# the flags that say where and how a run is written, not what it trains: --resume may change
+# them. Both, and the parser they make, are in plumbing/flags.py.
 
 
 @dataclass
@@ -129,9 +100,9 @@ class TrainArgs:
     def check(self) -> None:
         """The flags on their own, before any file is read: ranges, the default --output_dir,
         then rules() between flags. common.start then checks the files and the encoder."""
-        check_ranges(self)
+        flags.check_ranges(self)
         if not self.output_dir:
-            self.output_dir = default_output_dir(self)
+            self.output_dir = flags.default_output_dir(self)
         if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
             raise UserError(f"--output_dir {self.output_dir}: is a file; it must be a folder (the run "
                             f"folder). Pass a new folder's path, or that of a run to --resume.")
@@ -153,55 +124,12 @@ class TrainArgs:
 # Data: the training file, tokenised once into an integer array; batches
 # =====================================================================================
 
-def read_once(read: Callable) -> Callable:
-    """Decorator for a reader read(path, flag): the checks and then training read a file, which is
-    read once while unchanged (size and mtime); callers must not change what it returns."""
-    @functools.lru_cache(maxsize=2)
-    def cached(path: str, flag: str, stamp: tuple | None):
-        return read(path, flag)
-
-    @functools.wraps(read)
-    def wrapped(path: str | Path, flag: str = "--data"):
-        stat = Path(path).stat() if Path(path).is_file() else None
-        return cached(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size))
-    return wrapped
-
-
-@read_once
-def read_sentences(path: str | Path, flag: str = "--data") -> list[str]:
-    """One sentence per line, UTF-8; blank lines are skipped and counted."""
-    sents = [s.strip() for s in _read_text(Path(path), flag, "a text file with one sentence per line",
-                                           "SimCSE's wiki1m").splitlines()]
-    kept = [s for s in sents if s]
-    if not kept:
-        raise UserError(f"{flag} {path}: the file has no sentences (it is empty or blank).")
-    if len(kept) < len(sents):
-        print(f"note: {path}: skipped {len(sents) - len(kept)} blank lines of {len(sents)}", file=sys.stderr)
-    return kept
-
-
-@read_once
-def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
-    """SimCSE's supervised CSV: a header sent0,sent1[,hard_neg]; incomplete rows skipped, counted."""
-    rows = list(csv.reader(io.StringIO(_read_text(Path(path), flag, "a CSV with columns sent0,sent1"
-                                                  "[,hard_neg]", "SimCSE's NLI triplets"))))
-    header = [h.strip() for h in rows[0]] if rows else []
-    if header[:2] != ["sent0", "sent1"] or header[2:] not in ([], ["hard_neg"]):
-        raise UserError(f"{flag} {path}: the header is {','.join(header)!r}; expected "
-                        f"'sent0,sent1' or 'sent0,sent1,hard_neg' (SimCSE's NLI format).")
-    kept = [cells for cells in ([c.strip() for c in r] for r in rows[1:])
-            if len(cells) == len(header) and all(cells)]
-    if not kept:
-        raise UserError(f"{flag} {path}: no complete rows under the header.")
-    if len(kept) < len(rows) - 1:
-        print(f"note: {path}: skipped {len(rows) - 1 - len(kept)} incomplete rows", file=sys.stderr)
-    return {h: [cells[j] for cells in kept] for j, h in enumerate(header)}
-
-
 def load_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
-    """{'text': [...]} for a text file, {'sent0','sent1'[,'hard_neg']} for a CSV."""
+    """{'text': [...]} for a text file (one sentence a line, UTF-8, blank lines skipped), or
+    {'sent0', 'sent1'[, 'hard_neg']} for SimCSE's supervised CSV (a header sent0,sent1[,hard_neg];
+    incomplete rows skipped). Read once; a problem is named with its line (plumbing/inputs.py)."""
     if str(path).lower().endswith(".csv"):
-        return dict(read_csv_columns(path, flag))
+        return dict(inputs.read_csv_columns(path, flag))
     return {"text": read_sentences(path, flag)}
 
 
@@ -229,13 +157,12 @@ class Tokens:
 
 
 def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
-             desc: str = "tokenizing", out: str | Path | None = None) -> Tokens:
-    """Tokenise once, before training, into a (n, max_len) array, cached in `cache_dir`; `out`: the
-    run folder, for the message if the cache cannot be written."""
-    cache = token_cache(tokenizer, texts, max_len, cache_dir)
-    if cache is not None and cache.is_file():
-        z = np.load(cache)
-        return Tokens(z["ids"], z["lengths"], int(z["pad_id"]))
+             desc: str = "tokenizing") -> Tokens:
+    """Tokenise once, before training, into a (n, max_len) array, kept in `cache_dir` for the
+    next run on the same texts and tokenizer."""
+    cache = inputs.token_cache(tokenizer, texts, max_len, cache_dir)
+    if (kept := inputs.load_tokens(cache)) is not None:
+        return Tokens(*kept)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = np.full((len(texts), max_len), pad_id, dtype=np.uint16 if len(tokenizer) < 65536 else np.int32)
     lengths = np.zeros(len(texts), dtype=np.int32)
@@ -251,14 +178,7 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
             ids[j, :len(e.ids)], lengths[j] = e.ids, len(e.ids)
         bar.update(min(20000, len(texts) - s))
     bar.close()
-    if cache is not None:
-        kept = checkpoint_kept(out) if out is not None else "no run folder was changed"
-        with writing(f"the token cache {cache}", kept):
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            # a name of this process's own: under torchrun every rank tokenises and writes
-            tmp = cache.with_name(f".{cache.stem}.{os.getpid()}.tmp.npz")
-            np.savez(tmp, ids=ids, lengths=lengths, pad_id=pad_id)
-            os.replace(tmp, cache)
+    inputs.save_tokens(cache, ids, lengths, pad_id)
     return Tokens(ids, lengths, pad_id)
 
 
@@ -266,8 +186,7 @@ def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
                      max_len: int | None = None) -> dict[str, Tokens]:
     """Tokenise every column of load_columns() with the encoder's tokenizer (cached)."""
     cache = default_cache_dir(args.data, args.cache_dir)
-    return {k: tokenize(tokenizer, v, max_len or args.max_len, cache, desc=f"tokenizing {k}",
-                        out=args.output_dir)
+    return {k: tokenize(tokenizer, v, max_len or args.max_len, cache, desc=f"tokenizing {k}")
             for k, v in columns.items()}
 
 
@@ -314,7 +233,7 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # the run's own progress bar is the one that matters
-    config = encoder_config(name, flag)
+    config = inputs.encoder_config(name, flag)
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
         if dropout is not None and hasattr(config, k):
             setattr(config, k, dropout)
@@ -323,7 +242,7 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
         encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
                                             dtype=torch.float32)
     except OSError as e:
-        raise not_loaded(flag, name, e)
+        raise inputs.not_loaded(flag, name, e)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "
                         f"needs one.")
@@ -423,8 +342,9 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
         for m in modules:
             m.eval()
         device = next(encoder.parameters()).device
-        ids = tokenizer(list(sentences), truncation=True, max_length=max_positions(encoder.config, tokenizer),
-                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        limit = inputs.max_positions(encoder.config, tokenizer)
+        ids = tokenizer(list(sentences), truncation=True, max_length=limit, return_attention_mask=False,
+                        return_token_type_ids=False)["input_ids"]
         order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
         for s in range(0, len(order), batch_size):
@@ -445,6 +365,8 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
 # =====================================================================================
 
 STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+
+
 STS_SUBSETS = {
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
     "STS13": ["FNWN", "headlines", "OnWN"],
@@ -452,6 +374,8 @@ STS_SUBSETS = {
     "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
     "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
 }
+
+
 TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
               "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
@@ -510,7 +434,7 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
     their mean and weighted mean beside); "dev": STS-B dev and SICK-R trial. res["avg"]: the
     mean of the reported figures. A task's distinct sentences are encoded once, apart from the
     other tasks: its figure is the same whichever tasks are evaluated with it."""
-    check_sts_dir(data_dir)
+    inputs.check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
     loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
@@ -578,6 +502,26 @@ def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str =
     return "\n".join(lines)
 
 
+STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
+    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
+    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
+    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
+
+
+def check_sts(folder: Path) -> None:
+    """The STS data are whole when every task parses to SentEval's kept pair counts."""
+    for task in STS_TASKS:
+        splits = ["test"] if task in STS_SUBSETS else ["train", "dev", "test"]
+        try:
+            got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
+        except (OSError, ValueError, IndexError, UserError) as e:
+            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
+                            f"incomplete or corrupted. {downloads.RETRY}")
+        if got != STS_PAIR_COUNTS[task]:
+            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
+                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted.")
+
+
 # =====================================================================================
 # The paper's rows: the published figures a run's flags reproduce, printed beside its own
 # =====================================================================================
@@ -585,6 +529,8 @@ def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str =
 # Flags no row depends on: the budget and the data, so that a short run, or one on other
 # sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
 ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
+
+
 FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 
 
@@ -624,7 +570,7 @@ def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, 
     NOT_TRAINING, ROW_FREE and the script's row_free) has the row's value, or the default where
     the row names none. A model the paper did not train (a testbed encoder, a local folder) is
     compared as the script's default model, its rows so labelled. No match: the note says so."""
-    defaults = defaults_of(args)
+    defaults = flags.defaults_of(args)
     free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
 
     def name_of(model: str) -> str:   # FacebookAI/roberta-base and roberta-base are one model
@@ -645,7 +591,7 @@ def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, 
             note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
                     f"{defaults.model}, a reference rather than a target")
         return picked, note
-    named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
+    named = [flags.flag_text(k, v) for k, v in flags.changed_flags(args, tuple(free)).items()]
     if model != name_of(defaults.model):
         named.insert(0, f"--model {args.model}")
     kinds = {r.data for r in rows}                   # "": text files; else the CSVs the rows need
@@ -678,13 +624,6 @@ def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_b
 # Distributed (torchrun): every loss sees the global batch
 # =====================================================================================
 
-def world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) without torchrun."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def init_distributed() -> torch.device:
     """Start the process group under torchrun (NCCL on CUDA, gloo on CPU) and pick the device:
     one GPU a process, so more processes on a machine than its GPUs is refused first."""
@@ -704,12 +643,6 @@ def init_distributed() -> torch.device:
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
-
-
-def barrier() -> None:
-    """Wait for every rank under torchrun; nothing in one process."""
-    if world()[1] > 1:
-        dist.barrier()
 
 
 def local_rows(rows: np.ndarray) -> np.ndarray:
@@ -739,11 +672,31 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     return x if world()[1] == 1 else _GatherWithGrad.apply(x)
 
 
-def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP over `model`. Every trainable parameter gets a gradient every step (load_encoder freezes
-    BERT's NSP pooler), so DDP need not search for unused ones; the torchrun tests run each script."""
-    device_ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+# =====================================================================================
+# Start-up: every flag and file checked before anything is written
+# =====================================================================================
+
+def start(args: TrainArgs) -> torch.device:
+    """Before a script loads a model: torchrun's process group; every flag, then every file checked
+    before anything is written (the default data downloaded on first use); the flags that depend
+    on the data settled; the seed; the run folder, held, with its record (args.json, run.json)."""
+    device = init_distributed()
+    args.check()                                    # the flags on their own
+    if world()[0] == 0:                             # the default data, into data/ on first use
+        downloads.on_first_use(args.data, args.sts_dir, check_sts)
+    barrier()
+    # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
+    rows = data_rows(args.data)
+    inputs.check_batch(rows, args.batch_size, args.data, world()[1])
+    inputs.check_sts_dir(args.sts_dir)
+    positions = encoder_positions(args.model)
+    if args.max_len > positions:
+        raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
+                        f"Pass --max_len {positions} or less.")
+    args.settle(rows)
+    seed_everything(args.seed)
+    open_run(args)          # held by this process; its record written, or --resume held to it
+    return device
 
 
 # =====================================================================================
@@ -759,26 +712,24 @@ def seed_everything(seed: int) -> None:
 
 class Meter:
     """The log's running sums, kept on the device (read once a log line: the only wait): loss and
-    terms since the last log line, loss since should_stop's last call, any NaN or inf."""
+    terms since the last log line, and whether any loss was NaN or infinite."""
 
-    def __init__(self, device: torch.device, since_check: list | None = None):
+    def __init__(self, device: torch.device):
         self.zero = torch.zeros((), device=device)
         self.bad = self.zero.bool()
         self.loss = self.zero
         self.steps = 0
         self.stats = {}
         self.t0 = time.perf_counter()
-        # as last/ kept it: a resume between two calls gives the next call an uninterrupted run's mean
-        self.since_check = self.zero + (since_check or [0.0, 0])[0]
-        self.steps_since_check = (since_check or [0.0, 0])[1]
 
     def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
         self.bad |= ~torch.isfinite(loss)
         self.loss = self.loss + loss
-        self.since_check = self.since_check + loss
         self.steps += 1
-        self.steps_since_check += 1
         self.stats = {k: self.stats.get(k, 0) + v for k, v in stats.items()}
+
+    def finite(self) -> bool:
+        return not bool(self.bad)
 
     def record(self, step: int, lr: float, epoch: int, batch_size: int) -> dict:
         """The training record of metrics.jsonl: means since the last one; then starts again."""
@@ -788,11 +739,6 @@ class Meter:
                   **{k: float(v) / self.steps for k, v in self.stats.items()}}
         self.loss, self.steps, self.stats, self.t0 = self.zero, 0, {}, time.perf_counter()
         return record
-
-    def loss_since_check(self) -> float:
-        mean = float(self.since_check) / self.steps_since_check
-        self.since_check, self.steps_since_check = self.zero, 0
-        return mean
 
 
 def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict[str, float]:
@@ -850,7 +796,6 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     {"input_ids", "attention_mask"}}. should_stop(step, mean loss since its last call), called
     every should_stop.every steps (default: at evaluations), ends training when it returns
     True; the run is evaluated and checkpointed at that step."""
-    out = Path(args.output_dir)
     rank, world_size = world()
     device = next(model.parameters()).device
     mlp = model.mlp if pooler == "cls" else None
@@ -861,23 +806,18 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     if args.max_steps and (total == 0 or args.max_steps < total):    # --epochs 0: --max_steps alone
         total = args.max_steps
     model.train()       # from_pretrained() hands the encoder back in eval mode: dropout would be off
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt, sched = make_optimizer(params, args.lr, args.weight_decay, total, device)
-    net = wrap_ddp(model, device) if world_size > 1 else model
-    compiled = args.compile and device.type == "cuda"
-    forward = CompiledModel(net, device, world_size) if compiled else net
+    opt, sched = make_optimizer([p for p in model.parameters() if p.requires_grad], args.lr,
+                                args.weight_decay, total, device)
+    forward = fast_forward(model, device, args.compile, world_size)  # DDP; compiled on a GPU
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
-    run = RunFolder(args, out, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
+    run = RunFolder(args, total, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
                     (model.encoder, tokenizer, pooler, mlp))
-    resumed = run.resume() if args.resume else {}
-    step = resumed.get("step", 0)
-    stopped = "early" if resumed.get("stopped_early") else None
-    meter = Meter(device, resumed.get("since_check"))
-    bar = progress(total, script_name(args), "step", disable=rank != 0, initial=step)
-    check_every = getattr(should_stop, "every", args.eval_every)
-    while step < total and stopped is None:
+    step = run.resume() if args.resume else 0                        # last/, its step and state
+    meter = Meter(device)
+    bar = progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step)
+    while step < total and not run.stopped_early:
         epoch, b = divmod(step, steps_per_epoch)
         idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
         batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
@@ -885,39 +825,22 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         step += 1
         meter.add(loss, stats)
         bar.update(1)
-        at_check = step % check_every == 0 or step == total
-        if should_stop is not None and at_check and should_stop(step, meter.loss_since_check()):
-            stopped = "early"
-        evaluate_now = step % args.eval_every == 0 or step == total or stopped == "early"
+        run.early_stop(step, loss)                                    # should_stop's verdict (rcl.py)
+        evaluate_now = step % args.eval_every == 0 or step == total or run.stopped_early
         if step % args.log_every == 0 or evaluate_now:
-            if bool(meter.bad):
-                stopped = "nan"
-                break
+            if not meter.finite():
+                bar.close()
+                raise run.nan_error(step)
             record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
             run.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             sent_s=f"{record['sent_per_s']:.0f}")
-        if evaluate_now and rank == 0:
-            figures = dev_figures(encode, args.sts_dir)
-            loop = {"stopped_early": stopped == "early",
-                    "since_check": [float(meter.since_check), meter.steps_since_check]}
-            run.checkpoint(step, figures, loop)                       # last/, and best/ if the best
-            tqdm.write(f"step {step}: STS-B dev {figures['stsb_dev']:.2f}  SICK-R dev "
-                       f"{figures['sickr_dev']:.2f}  (best {run.best:.2f} at step {run.best_step})",
-                       file=sys.stderr)
-        if evaluate_now:
-            barrier()
+        if evaluate_now:                             # rank 0 evaluates; last/, best/ if the best
+            run.checkpoint(step, dev_figures(encode, args.sts_dir) if rank == 0 else None)
     bar.close()
-    if stopped == "nan":
-        kept = f"is kept in {out / 'best'}" if run.best_step else "was not saved yet"
-        raise UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
-                        f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
-                        f"lines.")
-    result = {"best_dev": run.best, "best_step": run.best_step, "steps": step, "total": total,
-              "stopped_early": stopped == "early" and step < total,
-              "last_dev": (run.last or {}).get("stsb_dev"), "test": None}
+    result = run.result(step)
     if final_eval and rank == 0:
-        result["test"] = final_report(out / "best", args, pooler, paper_rows)
+        result["test"] = final_report(run.out / "best", args, pooler, paper_rows)
     barrier()
     return result
 
@@ -934,952 +857,13 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     print(paper_report(res, picked, note, dev))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
-    with writing(str(best_dir / "test_metrics.json"), checkpoint_kept(best_dir.parent)):
-        write_text_atomic(best_dir / "test_metrics.json", json.dumps(kept, indent=2))
+    write_json(best_dir / "test_metrics.json", kept)
     return res
 
 
-# #####################################################################################
-# Infrastructure: what keeps runs safe and fast. A reader of the papers may stop here.
-#   downloads and their checks; input checks; the run folder (lock, atomic writes, the run's
-#   record, checkpoint and resume, failed writes); the sentence-transformers export; the
-#   compiled step; the command line.
-# #####################################################################################
-
-# -------------------------------------------------------------------------------------
-# Downloads: SimCSE's files into data/ (on first use, or `python common.py download`), each
-# proven whole by its content before it is kept
-# -------------------------------------------------------------------------------------
-
-DATA_DIR = Path("data")
-UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
-WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
-WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
-RETRY = "Run `python common.py download` again."
-STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
-    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
-    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
-    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
-
-
-def fetch(url: str, dest: Path) -> None:
-    """Stream `url` into `dest` with a progress bar."""
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
-            bar = progress(total=int(r.headers.get("Content-Length") or 0) or None,
-                           desc=dest.name.split(".part")[0], unit="B")
-            while chunk := r.read(1 << 20):
-                bar.update(f.write(chunk))
-            bar.close()
-    except OSError as e:
-        raise UserError(f"could not download {url}: {e}. Check the network; or fetch the data once with "
-                        f"`python common.py download` (--base_url names a mirror).")
-
-
-def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
-    """No checksum of SimCSE's files could be verified, so each is proven whole by its content:
-    wiki1m by its 1,000,000 lines; the NLI file by its header and three cells a row."""
-    if name == WIKI1M:
-        lines = count_lines(path)
-        expected = wiki1m_lines or WIKI1M_LINES
-        if lines != expected:
-            raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
-                            f"is incomplete or corrupted. {RETRY}")
-        return
-    try:
-        with open(path, encoding="utf-8", errors="strict", newline="") as f:
-            rows = csv.reader(f)
-            header = next(rows, [])
-            if ",".join(header) != "sent0,sent1,hard_neg":
-                raise UserError(f"{name}: header {','.join(header)!r}, expected 'sent0,sent1,hard_neg': "
-                                f"the download is corrupted. {RETRY}")
-            for i, row in enumerate(rows, start=2):
-                if len(row) != 3:
-                    raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the download "
-                                    f"is incomplete. {RETRY}")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. {RETRY}")
-
-
-def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines: int | None = None) -> Path:
-    """wiki1m or the NLI triplets into `dest`, unless already there: written under a temporary
-    name and renamed only after its content check passes."""
-    final = dest / name
-    part = dest / f"{name}.part"
-    if final.exists():
-        print(f"{final}: present, not fetched again", file=sys.stderr)
-        return final
-    dest.mkdir(parents=True, exist_ok=True)
-    fetch(f"{base_url.rstrip('/')}/{name}", part)
-    try:
-        check_download(part, name, wiki1m_lines)
-    except UserError:
-        part.unlink(missing_ok=True)
-        raise
-    os.replace(part, final)
-    return final
-
-
-def check_sts(folder: Path) -> None:
-    """The STS data are whole when every task parses to SentEval's kept pair counts."""
-    for task in STS_TASKS:
-        splits = ["test"] if task in STS_SUBSETS else ["train", "dev", "test"]
-        try:
-            got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
-        except (OSError, ValueError, IndexError, UserError) as e:
-            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. {RETRY}")
-        if got != STS_PAIR_COUNTS[task]:
-            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
-                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted.")
-
-
-def download_sts(dest: Path, base_url: str = UPSTREAM) -> Path:
-    """SentEval's STS data into dest/sts, unless already there: unpacked and checked
-    (check_sts) in a temporary folder, moved into place only once whole."""
-    final = dest / "sts"
-    if is_sts_dir(final):
-        print(f"{final}: present, not fetched again", file=sys.stderr)
-        return final
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
-        tmp = Path(tmp)
-        fetch(f"{base_url.rstrip('/')}/{SENTEVAL}", tmp / SENTEVAL)
-        try:
-            with tarfile.open(tmp / SENTEVAL) as tf:
-                tf.extractall(tmp / "x", filter="data")
-        except (tarfile.TarError, EOFError) as e:
-            raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is corrupted. "
-                            f"{RETRY}")
-        # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
-        roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
-        if not roots or not (roots[0].parent / "SICK").is_dir():
-            raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download is "
-                            f"corrupted or not SentEval's archive.")
-        stage = tmp / "sts"
-        stage.mkdir()
-        shutil.move(str(roots[0]), stage / "STS")
-        shutil.move(str(roots[0].parent / "SICK"), stage / "SICK")
-        check_sts(stage)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(stage, final)
-    return final
-
-
-def download(dest: str | Path = DATA_DIR, base_url: str = UPSTREAM, what: list[str] | None = None,
-             wiki1m_lines: int | None = None) -> dict[str, Path]:
-    """Fetch wiki1m, the NLI triplets and the STS data under `dest`, skipping what is there."""
-    names = {"wiki1m": WIKI1M, "nli": NLI}
-    what = what or ["wiki1m", "nli", "sts"]
-    for item in what:
-        if item not in (*names, "sts"):
-            raise UserError(f"--what {item}: unknown; choose from wiki1m, nli, sts.")
-    return {item: download_sts(Path(dest), base_url) if item == "sts"
-            else download_file(Path(dest), names[item], base_url, wiki1m_lines) for item in what}
-
-
-# -------------------------------------------------------------------------------------
-# Input checks: a file read with an error that names it; the encoder's positions
-# -------------------------------------------------------------------------------------
-
-def _read_text(path: Path, flag: str, what: str, download: str) -> str:
-    """A training file's text, or a UserError that names the flag, the file and what to do."""
-    if path.is_dir():
-        raise UserError(f"{flag} {path}: is a folder, not a file. Pass {what}.")
-    if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python common.py download` "
-                        f"for {download}.")
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise UserError(f"{flag} {path}: line {line} is not UTF-8 ({e.reason} at byte {e.start}). "
-                        f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
-
-
-def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None) -> Path | None:
-    """The .npz that caches `texts` tokenised to max_len, keyed by the tokenizer and the texts."""
-    if cache_dir is None:
-        return None
-    h, vocab = hashlib.sha256(), tokenizer.get_vocab()
-    for part in (type(tokenizer).__name__, json.dumps(sorted(vocab.items())[:2000]), len(vocab),
-                 getattr(tokenizer, "do_lower_case", ""), max_len, *texts):
-        h.update(f"{part}\n".encode())
-    return Path(cache_dir) / f"tok-{h.hexdigest()[:24]}.npz"
-
-
-def count_lines(path: str | Path) -> int:
-    """Lines of a file, read as bytes (any encoding, any size)."""
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
-
-
-def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
-    """--cache_dir when given, else a .cache folder beside the data when that is writable."""
-    if cache_dir:
-        return Path(cache_dir)
-    folder = Path(data_path).resolve().parent
-    return folder / ".cache" if os.access(folder, os.W_OK) else Path(tempfile.gettempdir()) / "cl-sent-cache"
-
-
-def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None:
-    if batch_size > n:
-        raise UserError(f"--batch_size {batch_size} is larger than the data ({n} examples in "
-                        f"--data {data}). Lower --batch_size to at most {n} or give more data.")
-    if batch_size % world_size:
-        raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
-
-
-def not_loaded(flag: str, name: str, e: Exception) -> UserError:
-    return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
-                     f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
-
-
-def encoder_config(name: str, flag: str = "--model"):
-    """The config of a hub name or a local folder, no weights loaded."""
-    from transformers import AutoConfig
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise not_loaded(flag, name, e)
-
-
-def max_positions(config, tokenizer=None) -> int:
-    """Tokens a sentence may have in this encoder (and its tokenizer, when given)."""
-    n = getattr(config, "max_position_embeddings", 512)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        n -= 2  # RoBERTa's positions start after the padding index
-    tm = getattr(tokenizer, "model_max_length", n)
-    return int(min(n, tm)) if tm and tm < 10**8 else int(n)
-
-
-@functools.lru_cache(maxsize=4)
-def encoder_positions(name: str, flag: str = "--model") -> int:
-    """max_positions of encoder `name` from its config alone, read once (start's check, ConIsI's)."""
-    return max_positions(encoder_config(name, flag))
-
-
-def is_sts_dir(folder: str | Path) -> bool:
-    """Whether `folder` holds SentEval's STS/ and SICK/ folders."""
-    return (Path(folder) / "STS").is_dir() and (Path(folder) / "SICK").is_dir()
-
-
-def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir holds SentEval's layout: checked by start and before every evaluation."""
-    if not is_sts_dir(sts_dir):
-        raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
-                        f"Run `python common.py download` and pass --sts_dir data/sts.")
-
-
-# -------------------------------------------------------------------------------------
-# The run folder: one process holds it; args.json and the data's fingerprint are written
-# once and --resume is held to them; writes are atomic; last/ is the one commit point
-# -------------------------------------------------------------------------------------
-
-class WriteFailed(Exception):
-    """A write that failed (disk full, quota, read-only, permission): one line, exit status 4."""
-
-
-# The libraries' own exceptions for a write the system refused, beside OSError: torch.save raises
-# RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos N vs M", chained on
-# "basic_ios::clear: iostream error"), safetensors its SafetensorError and the tokenizers a bare
-# Exception, both ending in "(os error 28)". Any other exception is a bug: its traceback stays.
-TORCH_IO = ("inline_container.cc", "iostream error")
-OS_ERROR = re.compile(r"\(os error (\d+)\)")
-# what to make possible again, by the system's reason
-REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",
-          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
-          errno.EIO: "a disk that works again: the system's log says what failed"}
-
-
-def refused_write(e: BaseException) -> tuple[int | None, str] | None:
-    """(errno, the system's words) for an exception that says the system refused a write: an
-    OSError, or a library's error above (the errno found in it or in what it was raised from).
-    None for any other exception."""
-    if not (isinstance(e, OSError) or OS_ERROR.search(str(e))
-            or isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_IO)):
-        return None
-    seen = []
-    while e is not None and e not in seen and len(seen) < 8:
-        seen.append(e)
-        if isinstance(e, OSError):
-            return e.errno, e.strerror or str(e)
-        if m := OS_ERROR.search(str(e)):
-            return int(m[1]), os.strerror(int(m[1]))
-        e = e.__cause__ or e.__context__
-    return None, "an I/O error (the library did not say which)"
-
-
-@contextlib.contextmanager
-def writing(what: str, checkpoint: str, then: str = "the same command plus --resume continues"):
-    """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
-    intact (`checkpoint`), what next."""
-    try:
-        yield
-    except Exception as e:
-        refused = refused_write(e)
-        if refused is None:
-            raise
-        code, reason = refused
-        remedy = REMEDY.get(code, "free space, a writable place")
-        raise WriteFailed(f"could not write {what}: {reason}. {checkpoint}; once it can be written again "
-                          f"({remedy}), {then}.") from e
-
-
-NO_CHECKPOINT = "no checkpoint was written yet"
-CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
-
-
-def intact(step: int, last: Path) -> str:
-    return f"the last complete checkpoint, step {step}, is intact in {last}"
-
-
-def checkpoint_kept(out: str | Path) -> str:
-    """What a failed write outside train() leaves intact in run folder `out`: last/'s step (read
-    without its tensors), or that no checkpoint was written yet."""
-    last = Path(out) / "last" / "state.pt"
-    if not last.is_file():
-        return NO_CHECKPOINT
-    try:
-        step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
-    except Exception:
-        return f"{last.parent} is as it was"
-    return intact(step, last.parent)
-
-
-def _fsync(path: Path) -> None:
-    """Make `path` (a file, or a folder's list of names) reach the disk now: a full disk is told
-    at the write, not later (a network disk, say, reports it only when its data are sent), and a
-    crash of the machine cannot leave a committed checkpoint empty."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
-    """A temporary folder beside `final` and a commit() that swaps it into place: a run
-    killed at any moment leaves either the old folder or the new one, never half of one."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-    def commit():
-        for p in [*sorted(tmp.rglob("*")), tmp]:
-            _fsync(p)
-        old = final.with_name(f".{final.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if old.exists():
-                os.replace(old, final)
-            raise
-        _fsync(final.parent)
-        if old.exists():
-            shutil.rmtree(old)
-
-    return tmp, commit
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path):
-    """_atomic_dir as a block: the temporary folder is filled inside and swapped in at its end; a
-    write that fails removes it (a partial copy would hold the space a full disk needs back)."""
-    tmp, commit = _atomic_dir(final)
-    try:
-        yield tmp
-        commit()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a small file through a temporary name: a kill leaves the old file or the new one; a
-    failed write leaves no temporary file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def recover_dir(final: Path) -> Path:
-    """What a kill during _atomic_dir leaves: between the two renames the old folder is still
-    whole (put back); a temporary folder never swapped in is dropped (it holds a full copy)."""
-    old = final.with_name(f".{final.name}.old")
-    if not final.exists() and old.exists():
-        os.replace(old, final)
-    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-# the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
-held_locks: dict[str, Any] = {}
-LOCK = "run.lock"
-# the run folder whose record (args.json) start() wrote for this command: what a Ctrl-C's line offers
-recorded_run: Path | None = None
-
-
-def hold_run_folder(folder: str | Path, mid_run: bool = False) -> None:
-    """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
-    process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
-    stops here, told which process holds it. A folder that cannot be written refuses the command;
-    `mid_run` (a folder a run takes as it goes, rcl's entropy models): the OSError is left to the
-    caller's writing(), a failed write. NOTE(ours): no fcntl (Windows), no lock."""
-    key = str(Path(folder).resolve())
-    if key in held_locks or fcntl is None:
-        return
-    unwritable = f"--output_dir {folder}: cannot be written ({{}}). Choose a folder you can write to."
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
-    except OSError as e:
-        if mid_run:
-            raise
-        raise UserError(unwritable.format(e.strerror or e))
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
-                        f"in a run folder: wait for that one to end (or stop it), then continue the "
-                        f"run with --resume; or choose another --output_dir.")
-    try:
-        f.truncate(0)
-        f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
-        f.flush()
-    except OSError as e:                # a full disk: the lock's line is the run's first write
-        with contextlib.suppress(OSError):
-            f.close()
-        if mid_run:
-            raise
-        raise UserError(unwritable.format(e.strerror or e))
-    held_locks[key] = f
-
-
-def release_run_folders(*folders: str | Path) -> None:
-    """Let go of the given run folders (all, with none given): a process training several runs."""
-    for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
-        if k in held_locks:
-            held_locks.pop(k).close()           # closing the file drops its flock
-
-
-def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Hold the run folder (a second process stops here); refuse an earlier run's folder unless
-    --resume, and a folder that cannot be written."""
-    out = Path(output_dir)
-    new = not out.exists()
-    hold_run_folder(out)
-    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
-    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists()):
-        error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                          f"choose another --output_dir (or delete the folder) to start afresh.")
-    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
-    elif resume and not (out / "last" / "state.pt").exists() and not (out / ".last.old").exists() \
-            and not started:
-        error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
-                          f"--resume to start, or point --output_dir at the earlier run.")
-    elif not os.access(out, os.W_OK):
-        error = UserError(f"--output_dir {out}: cannot be written. Choose a folder you can write to.")
-    else:
-        return out
-    if new:                                         # the folder this call made for its lock
-        release_run_folders(out)
-        shutil.rmtree(out, ignore_errors=True)
-    raise error
-
-
-def sha256_file(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes, read in chunks (any size)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def record_run(out: Path, args: TrainArgs) -> None:
-    """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
-    are written once, when the run starts. On --resume the command is held to them first:
-    any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
-    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    run = {"script": f"{script_name(args)}.py", "data_sha256": sha256_file(args.data)}
-    if args.resume and (out / "args.json").is_file():
-        then = json.loads((out / "args.json").read_text())
-        then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-        diffs = [f"  --{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in flags.items()
-                 if k not in NOT_TRAINING and then.get(k) != v]
-        if then_run.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:
-            diffs.append(f"  --data {args.data}: its content is not the data the run started with")
-        if diffs:
-            raise UserError(f"--resume: this command would train another run than the one in {out}, "
-                            f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
-                            "flags, start a new run: leave out --resume and --output_dir (the default "
-                            "folder is named after the flags) or give another --output_dir.")
-        if then_run:
-            return
-        # a folder from before run.json: its data cannot be checked; from now on it is held to these
-        print(f"note: {out} has no run.json (written by an earlier version): --data {args.data} cannot be "
-              f"checked against the data the run started with; its fingerprint is recorded now",
-              file=sys.stderr)
-        with writing(str(out / "run.json"), checkpoint_kept(out)):
-            write_text_atomic(out / "run.json", json.dumps(run, indent=2))
-        return
-    # run.json first, and no args.json of an earlier start left beside it: a folder whose args.json
-    # --resume accepts always holds the fingerprint of the data that run trained on
-    (out / "args.json").unlink(missing_ok=True)
-    for name, record in (("run.json", run), ("args.json", flags)):
-        with writing(str(out / name), NO_CHECKPOINT, "the same command starts the run"):
-            write_text_atomic(out / name, json.dumps(record, indent=2))
-
-
-def start(args: TrainArgs) -> torch.device:
-    """Before a script loads a model: torchrun's process group; every flag, then every file checked
-    before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (record_run)."""
-    device = init_distributed()
-    args.check()                                    # the flags on their own
-    if world()[0] == 0:                             # the default data, into data/ on first use
-        if not Path(args.sts_dir).exists() and Path(args.sts_dir) == DATA_DIR / "sts":
-            download_sts(DATA_DIR)
-        if not Path(args.data).exists() and Path(args.data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
-            download_file(DATA_DIR, Path(args.data).name)
-    barrier()
-    # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
-    rows = data_rows(args.data)
-    check_batch(rows, args.batch_size, args.data, world()[1])
-    check_sts_dir(args.sts_dir)
-    positions = encoder_positions(args.model)
-    if args.max_len > positions:
-        raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
-                        f"Pass --max_len {positions} or less.")
-    args.settle(rows)
-    seed_everything(args.seed)
-    if world()[0] == 0:
-        out = prepare_output_dir(args.output_dir, args.resume)
-        record_run(out, args)
-        recover_dir(out / "best")
-        recover_dir(out / "last")
-    barrier()
-    global recorded_run
-    recorded_run = Path(args.output_dir)
-    return device
-
-
-class RunFolder:
-    """What train() keeps in --output_dir: metrics.jsonl (appended to only), last/ (all --resume
-    needs: the one commit point) and best/ (the best STS-B dev's encoder). `state`: last/'s modules
-    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp) for best/."""
-
-    def __init__(self, args: TrainArgs, out: Path, state: dict, saved: tuple):
-        self.args = args
-        self.out = out
-        self.state = state
-        self.saved = saved
-        self.log = out / "metrics.jsonl"
-        self.main = world()[0] == 0
-        self.best = -float("inf")
-        self.best_step = 0
-        self.last = None           # the last evaluation's figures
-        self.kept = NO_CHECKPOINT
-
-    def write(self, record: dict) -> None:
-        if self.main:
-            with writing(str(self.log), self.kept), open(self.log, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def save_best(self, record: dict) -> None:
-        extra = {"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record}
-        with writing(str(self.out / "best"), self.kept):
-            save_pretrained_dir(self.out / "best", *self.saved, extra=extra)
-
-    def checkpoint(self, step: int, figures: dict, loop: dict) -> None:
-        """In the order a kill may interrupt: the evaluation's record, last/ with the log's length
-        (a resume cuts the log back to it) and the loop's state, best/ if the best so far."""
-        self.last = {"step": step, **figures}
-        if self.last["stsb_dev"] > self.best:
-            self.best, self.best_step = self.last["stsb_dev"], step
-        record = dict(self.last, best_stsb_dev=self.best)
-        self.write(record)
-        with writing(str(self.log), self.kept):
-            _fsync(self.log)      # on the disk up to the length last/ records: a resume cuts it back there
-        stop = self.state["should_stop"]
-        state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
-        state.update(loop)
-        state.update({"dev": record, "step": step, "best": self.best, "best_step": self.best_step,
-                      "log_bytes": self.log.stat().st_size,
-                      "should_stop": getattr(stop, "state_dict", lambda: None)(),
-                      "rng_cpu": torch.get_rng_state(),
-                      "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
-            with open(tmp / "state.pt", "wb") as f:
-                torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
-            # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
-            (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
-        self.kept = intact(step, self.out / "last")
-        if self.best_step == step:
-            self.save_best(record)
-
-    def resume(self) -> dict:
-        """--resume: bring back what checkpoint() kept (data only: weights_only), cut metrics.jsonl
-        back to last/'s length (records of steps trained again, a line cut short), and re-save
-        best/ if it fell one evaluation behind. {} for a run stopped before its first checkpoint."""
-        last = self.out / "last" / "state.pt"
-        if not last.exists():
-            if self.main and self.log.exists():
-                os.truncate(self.log, 0)
-            if self.main:
-                print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
-            return {}
-        try:
-            # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
-            # others), and load_state_dict copies weights and AdamW's moments to the model's device
-            state = torch.load(last, map_location="cpu", weights_only=True)
-        except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
-            raise UserError(self.damaged(last, e))
-        # bytes damaged on the disk (tensor data load without a word) or another file put in its place;
-        # a checkpoint of an earlier version of this code has no checksum beside it
-        recorded = last.with_name(CHECKSUM)
-        if recorded.is_file() and (recorded.read_text().split() or [""])[0] != sha256_file(last):
-            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
-                                               f"it: damaged on the disk, or replaced"))
-        try:
-            for k in ("model", "opt", "sched"):
-                self.state[k].load_state_dict(state[k])
-            if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
-                self.state["should_stop"].load_state_dict(state["should_stop"])
-            self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
-            size = state["log_bytes"]
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, ValueError,
-                TypeError) as e:
-            raise UserError(self.damaged(last, e))
-        if self.main and self.log.exists() and self.log.stat().st_size >= size:
-            os.truncate(self.log, size)
-        elif self.main:
-            print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
-                  f"replaced?); it is kept as it is", file=sys.stderr)
-        best_dev = self.out / "best" / "dev_metrics.json"
-        saved = json.loads(best_dev.read_text()) if best_dev.is_file() else {}
-        if self.main and state["best_step"] == state["step"] and saved.get("step") != state["step"]:
-            self.save_best(state["dev"])
-        torch.set_rng_state(state["rng_cpu"])
-        if torch.cuda.is_available() and state.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(state["rng_cuda"])
-        self.kept = intact(state["step"], last.parent)
-        if self.main:
-            print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
-                  f"{state['best_step']})", file=sys.stderr)
-        return state
-
-    def damaged(self, last: Path, e: Exception | str) -> str:
-        """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        if "Weights only load failed" in str(e):
-            reason = "it holds objects other than tensors and numbers, which loading would run as code"
-        best = self.out / "best" / "dev_metrics.json"
-        good = f"{best.parent} (the model of step {json.loads(best.read_text()).get('step')}) and " \
-            if best.is_file() else ""
-        return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
-                f"{good}{self.log}. This run cannot continue from it: train it again in another "
-                f"--output_dir (or move {self.out} away first).")
-
-
-# -------------------------------------------------------------------------------------
-# The export: a folder both Hugging Face and sentence-transformers load
-# -------------------------------------------------------------------------------------
-
-ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}
-
-
-def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
-                        mlp: nn.Module | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Save an encoder atomically for AutoModel and SentenceTransformer alike. The `cls` pooler's MLP
-    goes into BERT's own pooler (tanh(W h_cls + b) is the MLP) and into a Dense module with Tanh.
-    `extra` = {filename: json-able}."""
-    with atomic_dir(Path(path)) as tmp:    # swapped in whole at the end, or removed
-        def dump(name: str, obj) -> None:
-            (tmp / name).parent.mkdir(exist_ok=True)
-            (tmp / name).write_text(json.dumps(obj, indent=2, default=str))
-
-        if pooler == "cls":
-            if mlp is None:
-                raise ValueError("pooler 'cls' is saved with its MLP")
-            if hasattr(getattr(encoder, "pooler", None), "dense"):
-                encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
-        encoder.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        d = encoder.config.hidden_size
-        st_pooling = ST_POOLING.get(pooler)
-        if st_pooling is None:
-            print(f"note: sentence-transformers has no '{pooler}' pooling; {path} loads with AutoModel only",
-                  file=sys.stderr)
-        else:
-            modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
-            off = ("max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-            dump("1_Pooling/config.json", {"word_embedding_dimension": d, "include_prompt": True,
-                                           "pooling_mode_cls_token": st_pooling == "cls",
-                                           "pooling_mode_mean_tokens": st_pooling == "mean",
-                                           **{f"pooling_mode_{k}": False for k in off}})
-            if pooler == "cls":
-                from safetensors.torch import save_file
-                modules.append(("2_Dense", "Dense"))
-                dump("2_Dense/config.json", {"in_features": d, "out_features": d, "bias": True,
-                                             "activation_function": "torch.nn.modules.activation.Tanh"})
-                weights = {f"linear.{k}": v.detach().float().cpu().contiguous()
-                           for k, v in mlp.dense.state_dict().items()}
-                save_file(weights, str(tmp / "2_Dense" / "model.safetensors"))
-            dump("modules.json", [{"idx": i, "name": str(i), "path": folder,
-                                   "type": f"sentence_transformers.models.{kind}"}
-                                  for i, (folder, kind) in enumerate(modules)])
-            dump("sentence_bert_config.json", {"max_seq_length": max_positions(encoder.config, tokenizer),
-                                               "do_lower_case": False})
-        for name, obj in (extra or {}).items():
-            dump(name, obj)
-
-
-
-# -------------------------------------------------------------------------------------
-# The compiled step on a GPU: train_step calls a CompiledModel as it calls the model
-# -------------------------------------------------------------------------------------
-
-def attention_kernels():
-    """Every attention kernel but cuDNN's, which PyTorch picks for 32-token batches on an H100 and
-    the memory-efficient one beats there (docs/speed.md); nothing changes on a CPU."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def stacked(model: Callable) -> Callable:
-    """model(batch) with the logged figures leaving as ONE vector: (loss, names, (k,) tensor).
-    Inductor may hand back one buffer for the loss and a figure it proves equal to it (`l + 0`
-    folds to `l`, a detach is free); AOTAutograd then marks that figure non-differentiable, and
-    with it the loss, which loses its gradient (pytorch/pytorch#100348). A stacked vector is a
-    buffer of its own."""
-    def forward(batch: dict):
-        out = model(batch)
-        loss, stats = out if isinstance(out, tuple) else (out, {})
-        return loss, tuple(stats), torch.stack(list(stats.values())) if stats else None
-    return forward
-
-
-class CompiledModel:
-    """model(batch) through torch.compile: forward and backward fused and, in one process, replayed
-    from CUDA graphs (a few launches instead of hundreds); under DDP, whose hooks run inside the
-    backward, no graphs. If compiling fails: one note, then the model itself from there on.
-    `backend`: inductor on CUDA, aot_eager on the CPU (tests name inductor there)."""
-
-    def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1,
-                 backend: str | None = None):
-        self.model = model
-        self.graphs = device.type == "cuda" and world_size == 1
-        backend = backend or ("inductor" if device.type == "cuda" else "aot_eager")
-        self.compiled = torch.compile(stacked(model), mode="reduce-overhead" if self.graphs else None,
-                                      backend=backend)
-
-    def __call__(self, batch: dict):
-        if self.compiled is None:
-            return self.model(batch)
-        try:
-            if self.graphs:
-                torch.compiler.cudagraph_mark_step_begin()     # the last step's outputs are consumed
-            with attention_kernels():
-                loss, names, figures = self.compiled(batch)
-            return loss, dict(zip(names, figures.unbind() if names else ()))
-        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
-            raise
-        except Exception as e:
-            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
-            self.compiled = None
-            self.model.zero_grad(set_to_none=True)             # what the failed attempt left behind
-            return self.model(batch)
-
-
-# -------------------------------------------------------------------------------------
-# The command line: flags from a dataclass, every script's main under run_main, and
-# python common.py eval | download
-# -------------------------------------------------------------------------------------
-
-def field_default(f: dataclasses.Field) -> Any:
-    """The default of a field that arg() made (a list default comes from a factory)."""
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
-               "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
-
-
-def check_ranges(args: Any) -> None:
-    """Every field in the range its arg() declares, else a UserError: flag, value, rule, note, default."""
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name)
-        for x in value if isinstance(value, list) else [value]:
-            for k, bound in f.metadata.get("range", {}).items():
-                word, ok = RANGE_WORDS[k]
-                if ok(x, bound):
-                    continue
-                default = field_default(f)
-                default = " ".join(map(str, default)) if isinstance(default, list) else default
-                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
-                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
-                                f"range, e.g. the default --{f.name} {default}.")
-
-
-def flag_text(name: str, value: Any) -> str:
-    """A flag as a user types it: --tau 0.05, --no_mlp, --no-modulate, --phi 0.01 0.02."""
-    if isinstance(value, bool):
-        return f"--{name}" if value else f"--no-{name}"
-    if isinstance(value, list):
-        return " ".join([f"--{name}", *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)])
-    return f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}"
-
-
-def defaults_of(args: TrainArgs) -> TrainArgs:
-    """The defaults of `args`' script on its kind of --data (with csv_defaults for a CSV)."""
-    defaults = type(args)()
-    if str(args.data).lower().endswith(".csv"):
-        for k, v in type(args).csv_defaults.items():
-            setattr(defaults, k, v)
-    return defaults
-
-
-def changed_flags(args: TrainArgs, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[str, Any]:
-    """The flags whose values differ from the defaults (defaults_of), in the order of Args."""
-    defaults = defaults_of(args)
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-            if f.name not in leave_out and getattr(args, f.name) != getattr(defaults, f.name)}
-
-
-def script_name(args: Any) -> str:
-    """The script whose Args `args` is: simcse, focal_infonce, ... (its module's file name)."""
-    module = sys.modules.get(type(args).__module__)
-    return Path(getattr(module, "__file__", None) or type(args).__module__).stem
-
-
-def default_output_dir(args: TrainArgs) -> str:
-    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
-    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part."""
-    parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
-             else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
-             for name, value in changed_flags(args).items()]
-    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts))
-    return str(Path("runs") / script_name(args) / (name or "default"))
-
-
-def build_parser(cls: type, description: str | None = None, prog: str | None = None):
-    """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
-    parser = argparse.ArgumentParser(description=description, prog=prog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        is_list = typing.get_origin(hints[f.name]) is list
-        typ = typing.get_args(hints[f.name])[0] if is_list else hints[f.name]
-        default = field_default(f)
-        source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
-        shown = "" if default == "" else f" (default: {default})"
-        # the real default in --help; SUPPRESS tells parse_args which flags were given
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
-                              "help": f"{f.metadata.get('help', '')} [{source}]{shown}"}
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        if f.metadata.get("positional"):
-            parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
-        elif typ is bool:
-            action = argparse.BooleanOptionalAction if default else "store_true"
-            parser.add_argument(f"--{f.name}", action=action, **kw)
-        else:
-            parser.add_argument(f"--{f.name}", type=typ, nargs="*" if is_list else None, **kw)
-    return parser
-
-
-def parse_args(cls: type, argv: list[str] | None = None, csv_defaults: dict | None = None,
-               description: str | None = None, prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls`, each range checked. When
-    --data is a CSV, csv_defaults (default: cls.csv_defaults) replace defaults the user did not give.
-    A training script's files and rules are checked by common.start (TrainArgs.check)."""
-    given = vars(build_parser(cls, description, prog).parse_args(argv))
-    args = cls(**given)
-    csv_defaults = getattr(cls, "csv_defaults", {}) if csv_defaults is None else csv_defaults
-    if csv_defaults and str(getattr(args, "data", "")).lower().endswith(".csv"):
-        for k, v in csv_defaults.items():
-            if k not in given:
-                setattr(args, k, v)
-    check_ranges(args)
-    return args
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, which `timeout` and job schedulers send before a kill: handled as Ctrl-C is."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
-
-
-def after_a_stop() -> str:
-    """What run_main's line after Ctrl-C or SIGTERM says to run: --resume once start() has recorded
-    the run (args.json: --resume accepts it), else the same command (--resume would be refused)."""
-    if recorded_run is not None and (recorded_run / "args.json").is_file():
-        return (f"What was already written in {recorded_run} is kept; the same command plus --resume "
-                f"continues the run (from its last checkpoint, if one was written).")
-    return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \
-        "again."
-
-
-def close_bars() -> None:
-    """Close the progress bars still drawn (a bar ends in no newline): run_main's line then starts
-    a line of its own instead of being glued to the bar's end."""
-    for bar in list(getattr(tqdm, "_instances", ())):
-        bar.close()
-
-
-def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
-    of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
-    global recorded_run
-    recorded_run = None                                           # start() records this command's run
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # Ctrl-C back from interrupts.py
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        main(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        close_bars()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except WriteFailed as e:
-        close_bars()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(4)
-    except KeyboardInterrupt as e:
-        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
-        print(f"\n{what}. {after_a_stop()}", file=sys.stderr)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
-    except torch.cuda.OutOfMemoryError:
-        print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "
-              "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "
-              "loss still sees the whole batch).", file=sys.stderr)
-        sys.exit(3)
-    finally:
-        release_run_folders()
-
+# =====================================================================================
+# The command line: python common.py eval | download
+# =====================================================================================
 
 @dataclass
 class EvalArgs:
@@ -1896,8 +880,8 @@ class EvalArgs:
 @dataclass
 class DownloadArgs:
     dest: str = arg("data", "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and sts/")
-    base_url: str = arg(UPSTREAM, "where the files are served (a mirror, or a local server in tests)",
-                        "official code")
+    base_url: str = arg(downloads.UPSTREAM, "where the files are served (a mirror, or a local server "
+                        "in tests)", "official code")
     what: list[str] = arg(["wiki1m", "nli", "sts"], "which of wiki1m, nli, sts to fetch")
 
 
@@ -1905,7 +889,7 @@ def cli(argv: list[str]) -> None:
     """python common.py eval | download."""
     if argv[:1] == ["download"]:
         args = parse_args(DownloadArgs, argv[1:], prog="python common.py download")
-        for name, path in download(args.dest, args.base_url, args.what).items():
+        for name, path in downloads.download(args.dest, check_sts, args.base_url, args.what).items():
             print(f"{name}: {path}")
         return
     if argv[:1] != ["eval"]:

@@ -46,7 +46,7 @@ statistics), per shard on CPU (gloo).
 
 from __future__ import annotations
 
-import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 import random
 import re

@@ -44,7 +44,7 @@ STS-B evaluation.
 
 from __future__ import annotations
 
-import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 from dataclasses import dataclass
 

@@ -13,7 +13,7 @@ What it adds to SimCSE:
 Run:
   python ifcl.py                                  # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
 The first run translates --data into German with --mt_model (t5-base, from the Hugging Face hub
-on that run only) through tools/translate.py, into wiki1m_for_simcse.de.t5-base.txt beside
+on that run only) through plumbing/translation.py, into wiki1m_for_simcse.de.t5-base.txt beside
 --data (or under --cache_dir), then trains; a killed translation continues where it stopped,
 and later runs find the file and train at once (docs/ifcl.md: how long it takes).
   python tools/translate.py                       # the same file, without training (the English
@@ -58,7 +58,7 @@ run rank 0 translates while the other ranks wait for the file, then every rank r
 
 from __future__ import annotations
 
-import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 import math
 import os
@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 import common
 from common import UserError, arg
-from tools import translate
+from plumbing import translation
 
 # =====================================================================================
 # Hyperparameters (English setting, BERT-base)
@@ -413,7 +413,7 @@ PAPER_ROWS = [
 
 
 # =====================================================================================
-# Plumbing: the German file (made by tools/translate.py on the first run), then main
+# Plumbing: the German file (plumbing/translation.py makes it on the first run), then main
 # =====================================================================================
 
 def translate_command(data: str, out: str | None = None, mt_model: str = "t5-base") -> str:
@@ -424,7 +424,7 @@ def translate_command(data: str, out: str | None = None, mt_model: str = "t5-bas
 def made_from_data(args: Args) -> bool:
     """Whether --fraternal_data is the German file this script makes from --data (main() points
     it there when the flag is left out), not a file of the user's."""
-    made = translate.default_fraternal_path(args.data, args.mt_model, args.cache_dir)
+    made = translation.default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     return args.fraternal_data == str(made)
 
 
@@ -462,7 +462,7 @@ def check_german_file(args: Args, made_here: bool) -> None:
     if not Path(args.fraternal_data).is_file():
         if not made_here:
             check_fraternal_file(args)           # the user's file is missing
-        translate.check_mt_model(args.mt_model)  # the first run: it will be made
+        translation.check_mt_model(args.mt_model)  # the first run: it will be made
     elif Path(args.data).is_file():              # it must be parallel to --data
         read_fraternal(args, common.data_rows(args.data), made_here)
 
@@ -488,7 +488,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     if not args.no_fraternal and not args.fraternal_data:  # made from --data on the first run, then reused
-        args.fraternal_data = str(translate.default_fraternal_path(args.data, args.mt_model, args.cache_dir))
+        made = translation.default_fraternal_path(args.data, args.mt_model, args.cache_dir)
+        args.fraternal_data = str(made)
     made_here = not args.no_fraternal and made_from_data(args)
     if not args.no_fraternal:
         check_german_file(args, made_here)
@@ -496,17 +497,16 @@ def main(argv: list[str] | None = None) -> dict:
     if to_translate:
         # an earlier launch's failure note goes before the ranks meet
         if int(os.environ.get("RANK", "0")) == 0:
-            translate.failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)
+            translation.failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)
     device = common.start(args)                    # torchrun, flags checked, seed, output folder
     if to_translate:                               # rank 0 translates, the other ranks wait for it
-        translate.make_fraternal_file(args.data, args.fraternal_data, args.mt_model, device)
+        translation.make_fraternal_file(args.data, args.fraternal_data, args.mt_model, device)
     columns = common.load_columns(args.data)       # {"text": [...]}
     if not args.no_fraternal:
         columns["frat"] = read_fraternal(args, len(columns["text"]), made_here)  # before the encoders load
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     cache = common.default_cache_dir(args.data, args.cache_dir)
-    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text",
-                                     out=args.output_dir)}
+    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text")}
     bel_f, pad_f = None, 0
     if not args.no_fraternal:
         tok_f, enc_f = common.load_encoder(args.fraternal_model, flag="--fraternal_model")
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> dict:
         bel_f, pad_f = enc_f.embeddings, tok_f.pad_token_id or 0
         del enc_f                                  # only the embedding layer is kept
         data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache,
-                                       desc="tokenizing fraternal", out=args.output_dir)
+                                       desc="tokenizing fraternal")
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
     return common.train(args, model, data, tokenizer, "avg", paper_rows=PAPER_ROWS)

@@ -57,13 +57,10 @@ rank, so all ranks stop at the same step. Markers are written by rank 0.
 
 from __future__ import annotations
 
-import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 import dataclasses
-import json
 import math
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +70,7 @@ import torch.nn.functional as F
 
 import common
 from common import UserError, arg
+from plumbing.run_folder import Stage
 
 # =====================================================================================
 # Hyperparameters (the paper's STS setting: SRoBERTa-base on NLI)
@@ -133,8 +131,6 @@ class Args(common.TrainArgs):
             raise UserError(f"--final_hard_negatives: --data {self.data} has no hard_neg column. Give a CSV "
                             f"sent0,sent1,hard_neg, or leave the flag out.")
 
-
-DONE = "DONE.json"  # written into entropy_phi<phi>/ only once that entropy model is complete
 
 # =====================================================================================
 # PAPER-SPECIFIC: the losses
@@ -320,56 +316,77 @@ class RCL(nn.Module):
 
 
 # =====================================================================================
-# The paper's rows (docs/rcl.md maps each to its command); the end of a run prints the ones its
-# flags select beside its own figures. All are SRoBERTa-base trained on SNLI and MNLI (App. A),
-# SimCSE's NLI triplets here: a run on another file (a text file: the unsupervised form) has none
+# PAPER-SPECIFIC: Algorithm 1. Stage 1 trains an entropy model per phi, stage 2 the final model
+# regulated by them; each stage is a stage of the run folder (plumbing/run_folder.py's Stage)
 # =====================================================================================
 
-NLI = "nli_for_simcse.csv"
-TAB4_AVG_BY_PHI = {(0.01,): 81.47, (0.01, 0.02): 81.98, (0.01, 0.02, 0.03): 82.29,
-                   (0.01, 0.02, 0.03, 0.04): 82.40, (0.01, 0.02, 0.03, 0.04, 0.05): 82.42}
-
-PAPER_ROWS = [
-    common.PaperRow("Tab. 3", "RCL(ours)",
-                    {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
-                     "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
-                    data=NLI, note=f"a mean of 5 runs, on the NLI triplets ({NLI})"),
-    # Tab. 4: the 7-task average per number of regulators, two per entropy model (phi)
-    *(common.PaperRow("Tab. 4", f"Number of Regulator: {2 * len(phi)} (phi = {', '.join(map(str, phi))})",
-                      {"avg": avg}, flags={"phi": list(phi)}, data=NLI,
-                      note=f"on the NLI triplets ({NLI}); Tab. 4 does not say over how many runs")
-      for phi, avg in TAB4_AVG_BY_PHI.items()),
-]
-
-
-# =====================================================================================
-# Plumbing: everything below calls common.py
-# =====================================================================================
-
-def entropy_dir(output_dir: str | Path, phi: float) -> Path:
-    return Path(output_dir) / f"entropy_phi{phi:g}"
-
-
-def marker_record(args: Args, phi: float) -> dict:
-    """What a finished entropy model was trained from; a restart must match it to reuse it."""
+def trained_with(args: Args, phi: float) -> dict:
+    """What an entropy model was trained from: a --resume reuses it only with the same settings."""
     return {"phi": phi, "model": args.model, "data": str(Path(args.data).resolve()), "tau": args.tau,
             "pooler": args.pooler, "max_len": args.max_len, "seed": args.seed, "patience": args.patience,
             "stop_every": args.stop_every}
 
 
-def start(args: Args) -> torch.device:
-    """common.start, aware of stage 1: finished entropy models are never silently overwritten.
-    --resume before the final model has a checkpoint of its own is common's case of a run
-    stopped before its first checkpoint (args.json is there): it starts from step 0."""
-    args.check()                                 # the flags, and the default --output_dir named
-    out = Path(args.output_dir)
-    stage1 = sorted(out.glob("entropy_phi*")) if out.is_dir() else []
-    if stage1 and not args.resume:
-        if os.environ.get("RANK", "0") == "0":   # a run alive in the folder is named first (its process)
-            common.hold_run_folder(out)
-        raise UserError(f"--output_dir {out} already holds entropy models ({stage1[0].name}, ...). "
-                        f"Add --resume to reuse the finished ones, or choose another --output_dir.")
-    return common.start(args)
+def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
+    """Stage 1: one entropy model per phi, each from the original checkpoint; one finished earlier
+    (with the same settings) is reused, not retrained. Prints the summary of all of them. Returns
+    the folders of the weights that regulate (end/ or best/, --regulate_with)."""
+    folders, summaries, start_figures = [], [], {}
+    for phi in args.phi:
+        stage = Stage(args.output_dir, f"entropy_phi{phi:g}", trained_with(args, phi))
+        summary = stage.finished()
+        if summary is None:
+            summary = train_entropy_model(args, phi, stage, data, device, start_figures)
+        elif not (stage.path / args.regulate_with).is_dir():
+            raise UserError(f"--regulate_with {args.regulate_with}: {stage.path} has no "
+                            f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {stage.path} "
+                            f"to train it again, or pass --regulate_with best.")
+        elif common.world()[0] == 0:
+            print(f"entropy model phi={phi:g}: reusing {stage.path / args.regulate_with} "
+                  f"({where_stopped(summary)}, best STS-B dev {summary['best_dev']:.2f})")
+        folders.append(stage.path / args.regulate_with)
+        summaries.append(summary)
+    if common.world()[0] == 0:
+        print(summary_table(summaries, args.regulate_with))
+    return folders
+
+
+def train_entropy_model(args: Args, phi: float, stage: Stage, data: dict, device: torch.device,
+                        start_figures: dict | None = None) -> dict:
+    """Stage 1 for one phi, from the original checkpoint, in the stage's folder:
+    Eq. (2), stopped early when the loss stops falling; then the stage is finished with the weights
+    it stopped with (end/) and its summary, for both end/ and best/. `start_figures` caches the
+    starting checkpoint's row entropy and STS-B dev (the same for every phi): measured on first use."""
+    stage.open()
+    common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
+    tokenizer, encoder = common.load_encoder(args.model)
+    model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
+    at_start = {} if start_figures is None else start_figures
+    if not at_start:  # the starting checkpoint (common.train loads last/ only later, on --resume)
+        at_start["entropy_start"] = probe_entropy(model, data, args, device)
+        if common.world()[0] == 0:
+            dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
+                                      args.sts_dir, split="dev")
+            at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
+    # a stop is evaluated and checkpointed at its step: last/ and last_dev are of the weights at the stop
+    res = common.train(dataclasses.replace(args, output_dir=str(stage.path)), model, data, tokenizer,
+                       args.pooler, should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
+    _, best = common.load_encoder(str(stage.path / "best"))
+    summary = {**stage.settings, "steps": res["steps"], "total": res["total"],
+               "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
+               "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
+               "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
+               "dev_end": res["last_dev"], "entropy_start": at_start["entropy_start"],
+               "entropy_end": probe_entropy(model, data, args, device),
+               "entropy_best": probe_entropy(EntropyModel(best, args.pooler, phi, args.tau).to(device),
+                                             data, args, device)}
+    if common.world()[0] == 0:
+        entropy, dev = regulating(summary, args.regulate_with)
+        print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, "
+              f"which regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
+              f"{figure(summary['dev_start'], '.2f')} -> {dev:.2f}")
+    stage.finish(summary, encoder, tokenizer, args.pooler)      # end/, DONE.json; last/ dropped
+    return summary
 
 
 @torch.no_grad()
@@ -389,66 +406,27 @@ def probe_entropy(model: EntropyModel, data: dict, args: Args, device: torch.dev
     return float(stats["entropy"])
 
 
-def train_entropy_model(args: Args, phi: float, folder: Path, data: dict, device: torch.device,
-                        start_figures: dict | None = None) -> dict:
-    """Stage 1 for one phi, from the original checkpoint, into `folder`: training (stopped early
-    when the loss stops falling), end/ = the weights it stopped with, then DONE.json with the
-    figures of the summary, for both end/ and best/. `start_figures` caches the starting
-    checkpoint's row entropy and STS-B dev (the same for every phi): measured on first use."""
-    main_proc = common.world()[0] == 0
-    if main_proc and folder.exists():
-        for kept in ("best", "end"):
-            common.recover_dir(folder / kept)  # what a kill during a checkpoint's commit left
-        if not (common.recover_dir(folder / "last") / "state.pt").exists():
-            shutil.rmtree(folder)  # a start killed before its first checkpoint: nothing to keep
-    common.barrier()
-    kept = common.checkpoint_kept(folder)     # what a failed write of its lock leaves intact
-    kept += f" in {folder.name}" if kept == common.NO_CHECKPOINT else ""
-    finished = [d.name for d in sorted(folder.parent.glob("entropy_phi*")) if (d / DONE).is_file()]
-    kept += f"; finished and kept: {', '.join(finished)}" if finished else ""
-    with common.writing(str(folder / common.LOCK), kept):
-        folder.mkdir(parents=True, exist_ok=True)
-        if main_proc:          # one process a folder, as common.start holds --output_dir
-            common.hold_run_folder(folder, mid_run=True)
-    common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
-    tokenizer, encoder = common.load_encoder(args.model)
-    model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
-    at_start = {} if start_figures is None else start_figures
-    if not at_start:  # the starting checkpoint (common.train loads last/ only later, on --resume)
-        at_start["entropy_start"] = probe_entropy(model, data, args, device)
-        if main_proc:
-            dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
-                                      args.sts_dir, split="dev")
-            at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
-    # a stop is evaluated and checkpointed at its step: last/ and last_dev are of the weights at the stop
-    res = common.train(dataclasses.replace(args, output_dir=str(folder)), model, data, tokenizer, args.pooler,
-                       should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
-    if main_proc:
-        with common.writing(str(folder / "end"), common.checkpoint_kept(folder)):
-            common.save_pretrained_dir(folder / "end", encoder, tokenizer, args.pooler)
-    common.barrier()
-    _, best = common.load_encoder(str(folder / "best"))
-    entropy = {"entropy_end": probe_entropy(model, data, args, device),
-               "entropy_best": probe_entropy(EntropyModel(best, args.pooler, phi, args.tau).to(device),
-                                             data, args, device)}
-    if main_proc:
-        summary = {**marker_record(args, phi), "steps": res["steps"], "total": res["total"],
-                   "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
-                   "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
-                   "best_step": res["best_step"], "dev_start": at_start.get("dev_start"),
-                   "dev_end": res["last_dev"], "entropy_start": at_start["entropy_start"], **entropy}
-        entropy, dev = regulating(summary, args.regulate_with)
-        print(f"entropy model phi={phi:g}: {where_stopped(summary)}; its {args.regulate_with}/ weights, "
-              f"which regulate: row entropy {summary['entropy_start']:.4f} -> {entropy:.4f}, STS-B dev "
-              f"{figure(summary['dev_start'], '.2f')} -> {dev:.2f}")
-        with common.writing(str(folder / DONE), common.checkpoint_kept(folder)):
-            common.write_text_atomic(folder / DONE, json.dumps(summary, indent=2))
-        # NOTE(ours): last/ (weights + AdamW state, ~3x the model) only serves to resume an
-        # unfinished entropy model; once DONE.json exists, stage 2 reads end/ or best/
-        shutil.rmtree(folder / "last", ignore_errors=True)
-    common.barrier()
-    return res
+def load_frozen(folder: Path, device: torch.device) -> nn.Module:
+    """An entropy model as a regulator: eval mode (no dropout), no gradient."""
+    _, enc = common.load_encoder(str(folder), flag=f"entropy model {folder}")
+    return enc.requires_grad_(False).eval().to(device)
 
+
+def train_final(args: Args, data: dict, folders: list[Path], device: torch.device) -> dict:
+    """Stage 2: the final model from the original checkpoint with Eq. (3), regulated by the
+    entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
+    common.seed_everything(args.seed)
+    tokenizer, encoder = common.load_encoder(args.model)
+    regulators = [load_frozen(d, device) for d in folders]
+    model = RCL(encoder, args.pooler, args.tau, regulators, args.phi).to(device)
+    # App. A: the final model sees "the positive instances and entailment instances"
+    data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
+    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
+
+
+# =====================================================================================
+# The stage-1 summary: where each entropy model stopped, and how far it moved
+# =====================================================================================
 
 def figure(x, spec: str) -> str:
     """x formatted, or "?" for a figure that a DONE.json written by an older rcl.py lacks."""
@@ -488,59 +466,36 @@ def summary_table(records: list[dict], regulate_with: str = "end") -> str:
     return "\n".join(lines)
 
 
-def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
-    """Stage 1: one entropy model per phi; a finished one (DONE.json) is reused, not retrained.
-    Prints the summary table of all of them at the end, from their DONE.json. Returns the
-    folders of the weights that regulate (end/ or best/, --regulate_with)."""
-    folders, start_figures = [], {}
-    for phi in args.phi:
-        folder = entropy_dir(args.output_dir, phi)
-        if (folder / DONE).exists():
-            summary = json.loads((folder / DONE).read_text())
-            want = marker_record(args, phi)
-            diff = [k for k in want if k != "seed" and summary.get(k) != want[k]]
-            if diff:
-                raise UserError(f"--resume: {folder} was trained with a different "
-                                f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
-                                f"--output_dir, or delete {folder} to train it again.")
-            if not (folder / args.regulate_with).is_dir():
-                raise UserError(f"--regulate_with {args.regulate_with}: {folder} has no "
-                                f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {folder} "
-                                f"to train it again, or pass --regulate_with best.")
-            if common.world()[0] == 0:
-                print(f"entropy model phi={phi:g}: reusing {folder / args.regulate_with} "
-                      f"({where_stopped(summary)}, best STS-B dev {summary['best_dev']:.2f})")
-                shutil.rmtree(folder / "last", ignore_errors=True)  # if a kill came before its removal
-        else:
-            train_entropy_model(args, phi, folder, data, device, start_figures)
-        folders.append(folder / args.regulate_with)
-    if common.world()[0] == 0:
-        summaries = [json.loads((d.parent / DONE).read_text()) for d in folders]
-        print(summary_table(summaries, args.regulate_with))
-    return folders
+# =====================================================================================
+# The paper's rows (docs/rcl.md maps each to its command); the end of a run prints the ones its
+# flags select beside its own figures. All are SRoBERTa-base trained on SNLI and MNLI (App. A),
+# SimCSE's NLI triplets here: a run on another file (a text file: the unsupervised form) has none
+# =====================================================================================
+
+NLI = "nli_for_simcse.csv"
+TAB4_AVG_BY_PHI = {(0.01,): 81.47, (0.01, 0.02): 81.98, (0.01, 0.02, 0.03): 82.29,
+                   (0.01, 0.02, 0.03, 0.04): 82.40, (0.01, 0.02, 0.03, 0.04, 0.05): 82.42}
+
+PAPER_ROWS = [
+    common.PaperRow("Tab. 3", "RCL(ours)",
+                    {"STS12": 76.15, "STS13": 85.84, "STS14": 80.89, "STS15": 86.58, "STS16": 83.36,
+                     "STSBenchmark": 84.85, "SICKRelatedness": 79.14, "avg": 82.40},
+                    data=NLI, note=f"a mean of 5 runs, on the NLI triplets ({NLI})"),
+    # Tab. 4: the 7-task average per number of regulators, two per entropy model (phi)
+    *(common.PaperRow("Tab. 4", f"Number of Regulator: {2 * len(phi)} (phi = {', '.join(map(str, phi))})",
+                      {"avg": avg}, flags={"phi": list(phi)}, data=NLI,
+                      note=f"on the NLI triplets ({NLI}); Tab. 4 does not say over how many runs")
+      for phi, avg in TAB4_AVG_BY_PHI.items()),
+]
 
 
-def load_frozen(folder: Path, device: torch.device) -> nn.Module:
-    """An entropy model as a regulator: eval mode (no dropout), no gradient."""
-    _, enc = common.load_encoder(str(folder), flag=f"entropy model {folder}")
-    return enc.requires_grad_(False).eval().to(device)
-
-
-def train_final(args: Args, data: dict, folders: list[Path], device: torch.device) -> dict:
-    """Stage 2: the final model from the original checkpoint with Eq. (3), regulated by the
-    entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
-    common.seed_everything(args.seed)
-    tokenizer, encoder = common.load_encoder(args.model)
-    regulators = [load_frozen(d, device) for d in folders]
-    model = RCL(encoder, args.pooler, args.tau, regulators, args.phi).to(device)
-    # App. A: the final model sees "the positive instances and entailment instances"
-    data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
-    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
-
+# =====================================================================================
+# Plumbing: everything below calls common.py
+# =====================================================================================
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    device = start(args)                         # torchrun, flags checked, seed, output folder
+    device = common.start(args)                  # torchrun, flags checked, seed, output folder
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     tokenizer, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)

@@ -38,7 +38,7 @@ paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
-import interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 import math
 import sys

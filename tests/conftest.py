@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from plumbing import run_folder
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA_ROOT = Path(os.environ["CSE_DATA_ROOT"]).resolve() if os.environ.get("CSE_DATA_ROOT") else ROOT
 sys.path.insert(0, str(ROOT))
@@ -476,8 +478,7 @@ def _release_run_folders():
     """A run folder is held (locked) by the process that trains in it until that process ends;
     tests run many trainings in one process, so each test lets its folders go."""
     yield
-    import common
-    common.release_run_folders()
+    run_folder.release_run_folders()
 
 
 @pytest.fixture(scope="session")

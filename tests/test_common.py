@@ -8,6 +8,7 @@ import json
 import re
 import tarfile
 import threading
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
+from plumbing import atomic_writes, downloads, export, inputs, process, run_folder
 
 # ------------------------------------------------------------------ flags
 
@@ -37,13 +39,16 @@ def test_parse_args_types_lists_bools_and_csv_defaults():
     a = common.parse_args(_Args, ["--phi", "0.1", "0.2", "0.3", "--flag", "--no-on"])
     assert a.phi == [0.1, 0.2, 0.3] and a.flag is True and a.on is False
     assert a.batch_size == 64 and isinstance(a.lr, float)
-    csv_def = {"batch_size": 512, "lr": 5e-5}
-    b = common.parse_args(_Args, ["--data", "nli.csv"], csv_defaults=csv_def)
+    @dataclasses.dataclass
+    class _CsvArgs(_Args):
+        csv_defaults: typing.ClassVar[dict] = {"batch_size": 512, "lr": 5e-5}
+
+    b = common.parse_args(_CsvArgs, ["--data", "nli.csv"])
     assert (b.batch_size, b.lr) == (512, 5e-5)
     # a flag the user gave wins over the CSV default
-    c = common.parse_args(_Args, ["--data", "nli.csv", "--batch_size", "8"], csv_defaults=csv_def)
+    c = common.parse_args(_CsvArgs, ["--data", "nli.csv", "--batch_size", "8"])
     assert (c.batch_size, c.lr) == (8, 5e-5)
-    d = common.parse_args(_Args, ["--data", "x.txt"], csv_defaults=csv_def)
+    d = common.parse_args(_CsvArgs, ["--data", "x.txt"])
     assert d.batch_size == 64
 
 
@@ -149,10 +154,10 @@ def test_token_cache_written_by_two_ranks_at_once(tiny_bert, tmp_path, monkeypat
         if not other_rank_done:
             other_rank_done.append(True)
             with monkeypatch.context() as m:               # the other rank, whole, in between
-                m.setattr(common.os, "getpid", lambda: 999_999)
+                m.setattr(inputs.os, "getpid", lambda: 999_999)
                 common.tokenize(tok, texts, 8, tmp_path)
 
-    monkeypatch.setattr(common.np, "savez", savez_while_another_rank_writes)
+    monkeypatch.setattr(inputs.np, "savez", savez_while_another_rank_writes)
     t = common.tokenize(tok, texts, 8, tmp_path)
     assert other_rank_done and t.lengths.tolist() == [len(tok(s)["input_ids"]) for s in texts]
     assert [p.name.startswith("tok-") for p in tmp_path.iterdir()] == [True]   # no temporary left
@@ -164,9 +169,9 @@ def test_batch_plan_and_batch_size_checks():
     assert not np.array_equal(p0, p1)
     assert np.array_equal(p0, common.batch_plan(10, 3, seed=1, epoch=0))
     with pytest.raises(UserError, match="larger than the data"):
-        common.check_batch(5, 8, "x.txt")
+        inputs.check_batch(5, 8, "x.txt")
     with pytest.raises(UserError, match="divide evenly over 2 GPUs"):
-        common.check_batch(9, 5, "x.txt", world_size=2)
+        inputs.check_batch(9, 5, "x.txt", world_size=2)
 
 
 def test_concat_batches_pads_to_widest():
@@ -330,18 +335,18 @@ def test_atomic_dir_keeps_old_until_commit_and_recovers(tmp_path):
     final = tmp_path / "best"
     final.mkdir()
     (final / "v").write_text("old")
-    tmp, commit = common._atomic_dir(final)
+    tmp, commit = atomic_writes._atomic_dir(final)
     (tmp / "v").write_text("new")
     assert (final / "v").read_text() == "old"     # a kill here leaves the old folder whole
     commit()
     assert (final / "v").read_text() == "new" and not list(tmp_path.glob(".best*"))
     # a kill between the two renames: only .best.old is there; recover_dir restores it
     final.rename(tmp_path / ".best.old")
-    assert (common.recover_dir(final) / "v").read_text() == "new"
+    assert (atomic_writes.recover_dir(final) / "v").read_text() == "new"
     # a kill before the commit: the temporary folder (a full copy) is dropped, best/ stays
-    tmp, _ = common._atomic_dir(final)
+    tmp, _ = atomic_writes._atomic_dir(final)
     (tmp / "v").write_text("newer")
-    assert (common.recover_dir(final) / "v").read_text() == "new" and not tmp.exists()
+    assert (atomic_writes.recover_dir(final) / "v").read_text() == "new" and not tmp.exists()
 
 
 # what the libraries raise for a write the system refused (seen on a full tmpfs, under `ulimit -f`,
@@ -360,8 +365,8 @@ LIBRARY_WRITE_ERRORS = {
 @pytest.mark.parametrize("library", list(LIBRARY_WRITE_ERRORS))
 def test_a_library_s_own_error_for_a_refused_write_is_a_failed_write(library):
     e, context, reason = LIBRARY_WRITE_ERRORS[library]
-    with pytest.raises(common.WriteFailed, match=rf"^could not write best: {re.escape(reason)}\. kept; "):
-        with common.writing("best", "kept"):
+    with pytest.raises(process.WriteFailed, match=rf"^could not write best: {re.escape(reason)}\. kept; "):
+        with process.writing("best", "kept"):
             try:
                 if context is not None:
                     raise context
@@ -373,20 +378,20 @@ def test_a_library_s_own_error_for_a_refused_write_is_a_failed_write(library):
                                  ValueError("pooler 'cls' is saved with its MLP"), KeyError("model")])
 def test_a_bug_inside_a_write_keeps_its_traceback(bug):
     with pytest.raises(type(bug)):
-        with common.writing("best", "kept"):
+        with process.writing("best", "kept"):
             raise bug
 
 
 def test_output_dir_guard(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(UserError, match="no checkpoint to resume"):
-        common.prepare_output_dir(out, resume=True)          # no run there at all
-    common.prepare_output_dir(out, resume=False)
+        run_folder.prepare_output_dir(out, resume=True)          # no run there at all
+    run_folder.prepare_output_dir(out, resume=False)
     (out / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(UserError, match="already holds a run"):
-        common.prepare_output_dir(out, resume=False)
+        run_folder.prepare_output_dir(out, resume=False)
     # a run stopped before its first checkpoint: --resume starts it again from step 0
-    assert common.prepare_output_dir(out, resume=True) == out
+    assert run_folder.prepare_output_dir(out, resume=True) == out
 
 
 @pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "cls"])
@@ -396,7 +401,7 @@ def test_checkpoint_loads_in_automodel_and_sentence_transformers(tiny_bert, tmp_
     tok, enc = common.load_encoder(str(tiny_bert))
     torch.manual_seed(0)
     mlp = common.MLP(enc.config.hidden_size) if pooler == "cls" else None
-    common.save_pretrained_dir(tmp_path / "ckpt", enc, tok, pooler, mlp, extra={"x.json": {"a": 1}})
+    export.save_pretrained_dir(tmp_path / "ckpt", enc, tok, pooler, mlp, extra={"x.json": {"a": 1}})
     sents = ["the cat sat on the mat .", "a short one", "yet another sentence , longer than the rest ."]
     ours = common.make_encode(enc, tok, pooler, mlp)(sents)
     back = AutoModel.from_pretrained(tmp_path / "ckpt")
@@ -457,18 +462,18 @@ def _senteval_tar(dest: Path, sts_dir: Path, drop: str | None = None) -> None:
 def test_download_checks_content_and_skips_present(tmp_path, full_sts, capsys):
     srv_root = tmp_path / "srv"
     srv_root.mkdir()
-    (srv_root / common.WIKI1M).write_text("".join(f"sentence {i}\n" for i in range(50)))
-    (srv_root / common.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n\"d, e\",f,g\n")
-    _senteval_tar(srv_root / common.SENTEVAL, full_sts)
+    (srv_root / downloads.WIKI1M).write_text("".join(f"sentence {i}\n" for i in range(50)))
+    (srv_root / downloads.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n\"d, e\",f,g\n")
+    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts)
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
-        got = common.download(dest, srv.url, wiki1m_lines=50)
-        assert (dest / common.WIKI1M).read_text().count("\n") == 50
-        assert (dest / common.NLI).exists()
+        got = downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)
+        assert (dest / downloads.WIKI1M).read_text().count("\n") == 50
+        assert (dest / downloads.NLI).exists()
         common.check_sts(got["sts"])
-        assert sorted(p.name for p in dest.iterdir()) == sorted([common.WIKI1M, common.NLI, "sts"])
+        assert sorted(p.name for p in dest.iterdir()) == sorted([downloads.WIKI1M, downloads.NLI, "sts"])
         before = dict(srv.counts)
-        common.download(dest, srv.url, wiki1m_lines=50)      # everything present: no request
+        downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)  # all present: no request
         assert srv.counts == before
         assert "present, not fetched again" in capsys.readouterr().err
 
@@ -476,21 +481,21 @@ def test_download_checks_content_and_skips_present(tmp_path, full_sts, capsys):
 def test_download_rejects_corrupt_files(tmp_path, full_sts):
     srv_root = tmp_path / "srv"
     srv_root.mkdir()
-    (srv_root / common.WIKI1M).write_text("".join(f"s {i}\n" for i in range(49)))  # truncated
-    (srv_root / common.NLI).write_text("premise,hypothesis\na,b\n")
-    _senteval_tar(srv_root / common.SENTEVAL, full_sts, drop="STS.gs.FNWN.txt")
+    (srv_root / downloads.WIKI1M).write_text("".join(f"s {i}\n" for i in range(49)))  # truncated
+    (srv_root / downloads.NLI).write_text("premise,hypothesis\na,b\n")
+    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts, drop="STS.gs.FNWN.txt")
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
         with pytest.raises(UserError, match=r"wiki1m_for_simcse.txt: 49 lines where 50"):
-            common.download(dest, srv.url, what=["wiki1m"], wiki1m_lines=50)
+            downloads.download(dest, common.check_sts, srv.url, what=["wiki1m"], wiki1m_lines=50)
         with pytest.raises(UserError, match="header"):
-            common.download(dest, srv.url, what=["nli"])
+            downloads.download(dest, common.check_sts, srv.url, what=["nli"])
         with pytest.raises(UserError, match="STS13 cannot be read"):
-            common.download(dest, srv.url, what=["sts"])
+            downloads.download(dest, common.check_sts, srv.url, what=["sts"])
         with pytest.raises(UserError, match="could not download"):
-            common.download(dest, srv.url + "/nothing-here", what=["nli"])
+            downloads.download(dest, common.check_sts, srv.url + "/nothing-here", what=["nli"])
     # nothing that looks finished was left behind
-    assert not (dest / common.WIKI1M).exists() and not (dest / common.NLI).exists()
+    assert not (dest / downloads.WIKI1M).exists() and not (dest / downloads.NLI).exists()
     assert not (dest / "sts").exists() and not list(dest.glob("*.part"))
 
 
@@ -500,14 +505,14 @@ def test_download_cli_rejects_short_wiki1m(tmp_path):
     import sys
     srv_root = tmp_path / "srv"
     srv_root.mkdir()
-    (srv_root / common.WIKI1M).write_text("only\nthree\nlines\n")
+    (srv_root / downloads.WIKI1M).write_text("only\nthree\nlines\n")
     with _Server(srv_root) as srv:
         r = subprocess.run([sys.executable, str(Path(common.__file__)), "download", "--dest",
                             str(tmp_path / "d"), "--base_url", srv.url, "--what", "wiki1m"],
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "3 lines where 1000000 were expected" in r.stderr
-    assert not (tmp_path / "d" / common.WIKI1M).exists()
+    assert not (tmp_path / "d" / downloads.WIKI1M).exists()
 
 
 def test_ctrl_c_says_how_to_continue(capsys):
@@ -522,42 +527,48 @@ def test_ctrl_c_says_how_to_continue(capsys):
 
 
 READER_SECTIONS = ["Flags", "Data", "Models", "STS evaluation", "The paper's rows", "Distributed",
-                   "The loop's parts", "The step", "The loop"]
+                   "Start-up", "The loop's parts", "The step", "The loop", "The command line"]
+# what keeps a run safe, which common.py leaves to plumbing/: locks, renames, syncs, saves, hashes, downloads
+PLUMBING_CALLS = re.compile(r"\b(fcntl\.flock|os\.replace|os\.rename|os\.fsync|torch\.save|hashlib\.|"
+                            r"urlopen|shutil\.rmtree|tempfile\.|np\.savez|signal\.signal)\b")
 
 
 def test_common_reads_top_down_for_a_reader():
-    """common.py opens with what a reader of the papers needs, in that order, within 1,000
-    lines; below one banner that begins with `Infrastructure`, the plumbing. The step is one
-    function of at most 30 lines in nanoGPT's order, directly above train()."""
+    """common.py is the reader's module: at most 1,000 lines, its sections in the order a run
+    meets them, no plumbing of its own (no lock, rename, sync, torch.save, hashing or download:
+    those are imported from plumbing/). The step is one function of at most 30 lines in nanoGPT's
+    order, directly above train(), itself at most 60 lines."""
     import ast
     import inspect
 
     from conftest import ROOT
     lines = (ROOT / "common.py").read_text(encoding="utf-8").splitlines()
-    banners = [i for i, line in enumerate(lines, 1) if line.startswith("# Infrastructure")]
-    assert len(banners) == 1 and banners[0] <= 1000, banners
-    titles = [line[2:] for i, line in enumerate(lines[:banners[0]])       # "# ====\n# Title\n# ===="
-              if i > 0 and lines[i - 1].startswith("# ===") and lines[i + 1].startswith("# ===")]
+    assert len(lines) <= 1000, len(lines)
+    titles = [line[2:] for above, line, below in zip(lines, lines[1:], lines[2:])  # a banner: ===, title, ===
+              if above.startswith("# ===") and below.startswith("# ===")]
     assert [next(s for s in READER_SECTIONS if t.startswith(s)) for t in titles] == READER_SECTIONS, titles
+    found = [line for line in lines if PLUMBING_CALLS.search(line.split("#")[0])]
+    assert found == [], found
     source = inspect.getsource(common.train_step)
     assert len(source.splitlines()) <= 30
     order = ["model(batch)", ".backward()", "clip_grad_norm_", "opt.step()", "sched.step()", "opt.zero_grad("]
     at = [source.index(x) for x in order]
     assert at == sorted(at)
+    assert len(inspect.getsource(common.train).splitlines()) <= 60
     tree = ast.parse("\n".join(lines))
     names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     assert names[names.index("train") - 1] == "train_step"
     assert max(len(line) for line in lines) <= 110
 
 
-def test_the_house_has_no_import_circle():
-    """Arrows run one way: common imports no script or tool, no method script imports another,
-    and no two files of the project import each other, directly or through others."""
+def _import_graph() -> dict[str, list[str]]:
+    """Each file of the house (scripts, common, plumbing/, tools/) -> the files of it that it imports."""
     import ast
 
     from conftest import ROOT
     files = {p.stem: p for p in ROOT.glob("*.py")}
-    files |= {f"tools.{p.stem}": p for p in (ROOT / "tools").glob("*.py")}
+    files |= {f"plumbing.{p.stem}": p for p in (ROOT / "plumbing").glob("*.py") if p.stem != "__init__"}
+    files |= {f"tools.{p.stem}": p for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__"}
     graph = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -566,9 +577,19 @@ def test_the_house_has_no_import_circle():
             if isinstance(n, ast.ImportFrom) and n.module:
                 found |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
         graph[name] = sorted(found & set(files))
-    assert not {m for m in graph["common"]}, graph["common"]
+    return graph
+
+
+def test_the_house_has_no_import_circle():
+    """Arrows run one way, down: tools/ over the method scripts, the scripts over common.py,
+    common.py over plumbing/. common imports no script or tool; plumbing/ imports nothing above
+    it; no method script imports another or a tool; no two files import each other, directly or
+    through others."""
+    graph = _import_graph()
     methods = {"simcse", "focal_infonce", "ifcl", "conisi", "rcl"}
-    assert all(not set(graph[m]) & methods for m in methods), graph
+    assert all(m.startswith("plumbing.") for m in graph["common"]), graph["common"]
+    assert all(m.startswith("plumbing.") for p in graph if p.startswith("plumbing.") for m in graph[p]), graph
+    assert all(not {x for x in graph[m] if x in methods or x.startswith("tools.")} for m in methods), graph
 
     def reach(start, seen):
         for nxt in graph[start]:

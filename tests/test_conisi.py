@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import common
 import conisi
 from common import UserError
+from plumbing import flags
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -444,7 +445,7 @@ def test_bn_flag(tiny_model, tiny_bert, corpus, small_sts, tmp_path, cache_dir, 
     _run(tiny_bert, corpus, small_sts, tmp_path / "b", cache_dir, "--bn", "separate")
     assert seen == ["joint", "separate"]
     with pytest.raises(SystemExit):
-        common.build_parser(conisi.Args).parse_args(["--bn", "apart"])
+        flags.build_parser(conisi.Args).parse_args(["--bn", "apart"])
     with pytest.raises(UserError, match="--bn"):
         tiny_model(bn="apart")
 

@@ -19,6 +19,7 @@ import common
 import ifcl
 import simcse
 from conftest import ROOT
+from plumbing import compiled_step
 
 needs_inductor = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("gcc") is None,
                                     reason="inductor on the CPU needs a C++ compiler (g++)")
@@ -43,13 +44,11 @@ def test_resume_loads_the_checkpoint_onto_the_cpu_whatever_the_models_device(tmp
     model = simcse.SimCSE(encoder, args.tau, supervised=False).to("meta")
     opt, sched = common.make_optimizer([p for p in model.parameters() if p.requires_grad], args.lr,
                                        0.0, 4, torch.device("cpu"))
-    run = common.RunFolder(args, tmp_path / "run", {"model": model, "opt": opt, "sched": sched,
-                                                    "should_stop": None},
+    run = common.RunFolder(args, 4, {"model": model, "opt": opt, "sched": sched, "should_stop": None},
                            (model.encoder, tokenizer, args.pooler, None))
     saved = torch.load(tmp_path / "run" / "last" / "state.pt", weights_only=True)["rng_cpu"]
     torch.manual_seed(12345)                                 # anything but the checkpoint's state
-    state = run.resume()
-    assert state["step"] == 4 and torch.equal(torch.get_rng_state(), saved)
+    assert run.resume() == 4 and torch.equal(torch.get_rng_state(), saved)
     assert all(s[k].device.type == "meta" for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
 
 
@@ -75,7 +74,7 @@ def test_a_logged_figure_the_compiler_folds_into_the_loss_leaves_the_loss_its_gr
     The compiled step returns its figures stacked in a buffer of their own."""
     torch._dynamo.reset()
     model = _FoldsIntoTheLoss()
-    compiled = common.CompiledModel(model, torch.device("cpu"), backend="inductor")
+    compiled = compiled_step.CompiledModel(model, torch.device("cpu"), backend="inductor")
     loss, stats = compiled({"x": torch.arange(4.0)})
     torch._dynamo.reset()
     assert loss.requires_grad and float(loss) == 6.0 and float(stats["l_main"]) == 6.0
@@ -101,7 +100,8 @@ def test_ifcl_simcse_row_trains_on_the_compiled_path(flags, tiny_bert, parallel)
         model = ifcl.IFCL(encoder, None, args, tokenizer.pad_token_id, 0).train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt, sched = common.make_optimizer(params, 1e-3, 0.0, 10, torch.device("cpu"))
-        forward = common.CompiledModel(model, torch.device("cpu"), backend="inductor") if compiled else model
+        cpu = torch.device("cpu")
+        forward = compiled_step.CompiledModel(model, cpu, backend="inductor") if compiled else model
         out = [float(common.train_step(forward, b, opt, sched, 1.0, torch.device("cpu"))[0]) for b in batches]
         return out, params[0].detach().clone()
 

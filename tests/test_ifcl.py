@@ -20,7 +20,8 @@ import common
 import ifcl
 import simcse
 from conftest import ROOT, cpu_env
-from tools import translate
+from plumbing import inputs
+from plumbing import translation as translate
 
 TAU = 0.05
 
@@ -751,7 +752,7 @@ def test_first_run_translates_keeps_the_file_trains_and_later_runs_reuse_it(
              "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(cache)]
     res = ifcl.main(flags + ["--output_dir", str(tmp_path / "run1")])
     german = translate.default_fraternal_path(str(en), str(mt), str(cache))
-    assert common.count_lines(german) == 48 and not list(cache.glob("*.part*"))
+    assert inputs.count_lines(german) == 48 and not list(cache.glob("*.part*"))
     assert "translated 48 sentences" in capsys.readouterr().err
     args = json.loads((tmp_path / "run1" / "args.json").read_text())
     assert args["fraternal_data"] == str(german) and args["mt_model"] == str(mt)

@@ -17,6 +17,7 @@ import common
 import rcl
 import simcse
 from conftest import CORPUS_LINES
+from plumbing import atomic_writes, export, inputs, run_folder
 
 # ------------------------------------------------------------------------------------
 # Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)
@@ -356,7 +357,7 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, 
 # ------------------------------------------------------------------------------------
 
 def _nli_batch(tokenizer, nli, n=4):
-    cols = common.read_csv_columns(nli)
+    cols = inputs.read_csv_columns(nli)
     toks = {k: common.tokenize(tokenizer, v[:n], 16) for k, v in cols.items()}
     return {k: t.batch(np.arange(n)) for k, t in toks.items()}
 
@@ -492,7 +493,7 @@ def test_end_to_end_nli(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monk
     summary = capsys.readouterr().out
     for phi in ("0.01", "0.02"):
         folder = out / f"entropy_phi{phi}"
-        done = json.loads((folder / rcl.DONE).read_text())
+        done = json.loads((folder / run_folder.DONE).read_text())
         # 3 steps; evaluations at 2 and 3 (the last): patience 2 cannot run out
         assert done["phi"] == float(phi) and done["steps"] == 3 and done["stopped_early"] is False
         assert (folder / "best" / "config.json").is_file()
@@ -528,7 +529,7 @@ def test_end_to_end_text(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     out = tmp_path / "run"
     res = rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,
                                  ["--data", str(corpus), "--pooler", "cls_before_pooler"]))
-    assert (out / "entropy_phi0.01" / rcl.DONE).is_file() and (out / "entropy_phi0.02" / rcl.DONE).is_file()
+    assert all((out / f"entropy_phi{phi}" / run_folder.DONE).is_file() for phi in ("0.01", "0.02"))
     assert any("stsb_dev" in r for r in _records(out / "metrics.jsonl"))
     assert res["test"]["avg"] > 0
     # --eval_every 0 (default) = 10% of an epoch: the corpus's lines / 8 per step / 10, the value
@@ -538,22 +539,23 @@ def test_end_to_end_text(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     _check_best_loads(out / "best", "cls_before_pooler")
 
 
-@pytest.mark.parametrize("what", ["end", rcl.DONE])
+@pytest.mark.parametrize("what", ["end", run_folder.DONE])
 def test_an_entropy_model_that_cannot_be_written_ends_in_one_line_and_resume_finishes(
         what, tiny_bert, small_sts, corpus, tmp_path, cache_dir, monkeypatch, capsys):
     """A full disk when an entropy model's end/ or DONE.json is written: one line, exit 4, naming
     its intact checkpoint (last/ of its final step); --resume then completes both stages."""
     out = tmp_path / "run"
     flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", str(corpus)])
-    real_dir, real_text = common.save_pretrained_dir, common.write_text_atomic
+    real_dir, real_text = export.save_pretrained_dir, atomic_writes.write_text_atomic
 
     def full(path):
         if Path(path).name == what and Path(path).parent.name == "entropy_phi0.01":
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(common, "save_pretrained_dir",
+    monkeypatch.setattr(run_folder, "save_pretrained_dir",
                         lambda path, *a, **k: (full(path), real_dir(path, *a, **k)))
-    monkeypatch.setattr(common, "write_text_atomic", lambda path, text: (full(path), real_text(path, text)))
+    monkeypatch.setattr(run_folder, "write_text_atomic",
+                        lambda path, text: (full(path), real_text(path, text)))
     with pytest.raises(SystemExit) as e:
         common.run_main(rcl.main, flags)
     folder = out / "entropy_phi0.01"
@@ -561,11 +563,11 @@ def test_an_entropy_model_that_cannot_be_written_ends_in_one_line_and_resume_fin
     assert e.value.code == 4 and "Traceback" not in err, err[-3000:]
     assert (f"could not write {folder / what}: No space left on device. the last complete checkpoint, "
             f"step 3, is intact in {folder / 'last'}") in err, err[-3000:]
-    assert not (folder / rcl.DONE).exists()
+    assert not (folder / run_folder.DONE).exists()
     monkeypatch.undo()
     res = rcl.main(flags + ["--resume"])
-    assert res["test"]["avg"] > 0 and (folder / rcl.DONE).is_file() and (folder / "end").is_dir()
-    assert json.loads((folder / rcl.DONE).read_text())["steps"] == 3
+    assert res["test"]["avg"] > 0 and (folder / run_folder.DONE).is_file() and (folder / "end").is_dir()
+    assert json.loads((folder / run_folder.DONE).read_text())["steps"] == 3
 
 
 def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir,
@@ -580,7 +582,7 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_cs
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
     monkeypatch.setattr(rcl, "early_stop", lambda patience, every: lambda step, loss: True)
     rcl.entropy_stage(args, data, torch.device("cpu"))
-    done = json.loads((out / "entropy_phi0.03" / rcl.DONE).read_text())
+    done = json.loads((out / "entropy_phi0.03" / run_folder.DONE).read_text())
     assert done["steps"] == 2 and done["stopped_early"] is True and done["best_step"] == 2
     assert done["dev_end"] == done["best_dev"]
     assert all(isinstance(done[k], float) for k in ("dev_start", "entropy_start", "entropy_end"))
@@ -617,8 +619,8 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, nli_csv, tmp_path, 
         with pytest.raises(KeyboardInterrupt):
             rcl.main(flags)
     e1, e2 = out / "entropy_phi0.01", out / "entropy_phi0.02"
-    assert (e1 / rcl.DONE).is_file() and not (e1 / "last").exists()   # finished: marker, no optimizer state
-    assert not (e2 / rcl.DONE).exists() and (e2 / "last" / "state.pt").is_file()
+    assert (e1 / run_folder.DONE).is_file() and not (e1 / "last").exists()   # finished: no optimizer state
+    assert not (e2 / run_folder.DONE).exists() and (e2 / "last" / "state.pt").is_file()
     before1, before2 = (e1 / "metrics.jsonl").read_text(), (e2 / "metrics.jsonl").read_text()
 
     # without --resume nothing already trained is overwritten
@@ -636,7 +638,7 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, nli_csv, tmp_path, 
     assert calls == [0.02]                                  # phi=0.01 reused, not trained again
     assert (e1 / "metrics.jsonl").read_text() == before1
     # phi=0.02 resumed from its checkpoint at its last step: no step trained twice
-    assert (e2 / rcl.DONE).is_file() and (e2 / "metrics.jsonl").read_text() == before2
+    assert (e2 / run_folder.DONE).is_file() and (e2 / "metrics.jsonl").read_text() == before2
     assert res["test"] is not None and (out / "best" / "config.json").is_file()
 
 
@@ -736,7 +738,7 @@ def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, 
         best = load_file(str(out / f"entropy_phi{phi}" / "best" / "model.safetensors"))
         end = load_file(str(out / f"entropy_phi{phi}" / "end" / "model.safetensors"))
         assert all(torch.equal(v.cpu(), best[k]) for k, v in f.state_dict().items() if k in best)
-        done = json.loads((out / f"entropy_phi{phi}" / rcl.DONE).read_text())
+        done = json.loads((out / f"entropy_phi{phi}" / run_folder.DONE).read_text())
         if done["best_step"] != done["steps"]:      # best/ and end/ differ: the test can tell them apart
             assert not all(torch.equal(best[k], end[k]) for k in best)
     assert columns == [["hard_neg", "sent0", "sent1"]] * 3

@@ -10,7 +10,7 @@ that really fails:
   does it), then checked (e2fsck) and mounted again for --resume;
 - a tmpfs with one or two pages free: the run's record (run.json, args.json) at the start;
 - SIGINT and SIGTERM while the script still imports torch;
-- rcl.py: an entropy folder's run.lock that cannot be written mid-run (played: no size of disk
+- rcl.py: an entropy folder that cannot be made mid-run (played: no size of disk
   makes that one write fail), a second start while the first still runs.
 Each ends in exactly one line with its exit status (4 for a failed write, 130/143 for a signal, 2
 for a refusal), no traceback, and the command that line names then finishes the run.
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
-import common
 import rcl
 import simcse
 from conftest import ROOT
+from plumbing import atomic_writes, run_folder
 
 PAGE = os.sysconf("SC_PAGE_SIZE")     # tmpfs counts whole pages
 ENOSPC, EROFS, EFBIG, EIO = (os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EIO))
@@ -146,7 +146,7 @@ def sizes(tmp_path_factory, tiny_bert, data, small_sts) -> dict[str, int]:
                    "--cache_dir", str(ref / "cache")]
     simcse.main([*common_argv, "--output_dir", str(ref / "simcse"), *FLAGS])
     rcl.main([*common_argv, "--output_dir", str(ref / "rcl"), *RCL_FLAGS])
-    common.release_run_folders()
+    run_folder.release_run_folders()
     entropy = ref / "rcl" / "entropy_phi0.01"
     return {"last": _pages(ref / "simcse" / "last"), "best": _pages(ref / "simcse" / "best"),
             "rcl_last": _pages(ref / "rcl" / "last"), "rcl_best": _pages(ref / "rcl" / "best"),
@@ -280,7 +280,7 @@ def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its
         assert "--resume" in _line(r, 2)
         mine.write_text(text, encoding="utf-8")
         _finished(_script("simcse.py", args), out, 4)
-        assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+        assert json.loads((out / "run.json").read_text())["data_sha256"] == atomic_writes.sha256_file(mine)
 
 
 # ------------------------------------------------------------------------------------
@@ -305,9 +305,9 @@ def test_a_signal_while_the_script_starts_ends_in_one_line(sig, tmp_path, argv):
 
 
 def test_a_program_that_imports_a_script_keeps_its_own_signal_handlers():
-    """interrupts.py takes the signals only in a process started as a script: the tests (which
+    """plumbing/interrupts.py takes the signals only in a process started as a script: the tests (which
     import the scripts) and a user's notebook keep Python's Ctrl-C."""
-    probe = (f"import signal, sys; sys.path.insert(0, {str(ROOT)!r}); import interrupts; "
+    probe = (f"import signal, sys; sys.path.insert(0, {str(ROOT)!r}); import plumbing.interrupts; "
              f"print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
              f"signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
     r = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
@@ -339,31 +339,31 @@ def test_rcl_a_full_disk_at_each_stage_ends_in_one_line_and_resume_finishes(tmp_
             resume = ["--resume"]
         r = _script("rcl.py", argv(out, "--resume", flags=RCL_FLAGS))
         _finished(r, out, 2)
-        assert (entropy / rcl.DONE).is_file() and (entropy / "end").is_dir()
+        assert (entropy / run_folder.DONE).is_file() and (entropy / "end").is_dir()
 
 
-# rcl.py as `python rcl.py ARGV` runs it, with one write played as a full disk: the run.lock of
-# its second entropy folder (the lock of a folder taken mid-run)
-LOCK_FAILS = """
-import builtins, errno, os, runpy, sys
-real = builtins.open
-def full(file, *a, **k):
-    if str(file).endswith(os.path.join("entropy_phi0.02", "run.lock")):
+# rcl.py as `python rcl.py ARGV` runs it, with one write played as a full disk: the folder of its
+# second entropy model (a stage's folder, made mid-run)
+STAGE_FAILS = """
+import errno, os, runpy, sys
+real = os.mkdir
+def full(path, *a, **k):
+    if str(path).endswith("entropy_phi0.02"):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return real(file, *a, **k)
-builtins.open = full
+    return real(path, *a, **k)
+os.mkdir = full
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_rcl_an_entropy_folder_whose_lock_cannot_be_written_ends_as_a_failed_write(tmp_path, argv):
+def test_rcl_an_entropy_folder_that_cannot_be_made_ends_as_a_failed_write(tmp_path, argv):
     out = tmp_path / "run"
     flags = [*RCL_FLAGS, "--phi", "0.01", "0.02"]
-    r = subprocess.run([sys.executable, "-c", LOCK_FAILS, str(ROOT / "rcl.py"), *argv(out, flags=flags)],
+    r = subprocess.run([sys.executable, "-c", STAGE_FAILS, str(ROOT / "rcl.py"), *argv(out, flags=flags)],
                        env=ENV, capture_output=True, text=True, timeout=300)
     line = _line(r, 4)
-    assert line.startswith(f"error: could not write {out / 'entropy_phi0.02' / 'run.lock'}: {ENOSPC}. no "
+    assert line.startswith(f"error: could not write {out / 'entropy_phi0.02'}: {ENOSPC}. no "
                            f"checkpoint was written yet in entropy_phi0.02; finished and kept: "
                            f"entropy_phi0.01; "), line
     assert line.endswith("the same command plus --resume continues."), line

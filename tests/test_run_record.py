@@ -41,6 +41,7 @@ from test_kill_resume import _records, _same_run
 import common
 import simcse
 from conftest import ROOT
+from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
 # every run here: checkpoints (last/, and best/ when the best) at steps 2, 4 and 6, a training
@@ -106,7 +107,7 @@ def _tree(folder: Path) -> dict[str, str]:
     """Every file and folder under `folder` (hidden ones too) with its content's sha256. run.lock is
     left out: it is the lock, which names whichever process took the folder last."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(folder.rglob("*")) if p.name != common.LOCK}
+            for p in sorted(folder.rglob("*")) if p.name != run_folder.LOCK}
 
 
 def _interrupt_at_step(n: int):
@@ -127,7 +128,7 @@ def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     cache = out.parent / "cache"
     assert simcse.main(_argv(out, tiny_bert, data, small_sts, cache))["steps"] == 6
-    common.release_run_folders()
+    run_folder.release_run_folders()
     return out
 
 
@@ -143,7 +144,7 @@ def interrupted(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
             simcse.main(_argv(out, tiny_bert, data, small_sts, cache))
     finally:
         mp.undo()
-        common.release_run_folders()
+        run_folder.release_run_folders()
     assert [r["step"] for r in _records(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
     return out
 
@@ -210,7 +211,7 @@ def test_a_run_without_run_json_resumes_with_a_note_and_is_held_to_the_data_from
     code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 0, err[-3000:]
     assert f"note: {out} has no run.json" in err and "its fingerprint is recorded now" in err, err[-3000:]
-    assert json.loads((out / "run.json").read_text())["data_sha256"] == common.sha256_file(mine)
+    assert json.loads((out / "run.json").read_text())["data_sha256"] == atomic_writes.sha256_file(mine)
     mine.write_text("other sentences\n" * 300, encoding="utf-8")
     code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 2, err[-3000:]
@@ -297,13 +298,13 @@ def test_a_checkpoint_without_a_checksum_still_resumes(tmp_path, tiny_bert, data
                                                        finished, capsys):
     """last/ written before checkpoints carried their SHA-256 (state.pt alone) resumes as before."""
     out = _copy(interrupted, tmp_path)
-    (out / "last" / common.CHECKSUM).unlink()
+    (out / "last" / run_folder.CHECKSUM).unlink()
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 0, err[-3000:]
     assert f"resuming {out} at step 2 " in err, err[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)
     # each checkpoint written since carries it again, and it is the SHA-256 of state.pt's bytes
-    digest, name = (out / "last" / common.CHECKSUM).read_text().split()
+    digest, name = (out / "last" / run_folder.CHECKSUM).read_text().split()
     assert name == "state.pt"
     assert digest == hashlib.sha256((out / "last" / "state.pt").read_bytes()).hexdigest()
 
@@ -368,9 +369,9 @@ def _fail_best(monkeypatch, out: Path) -> str:
     """best/ fails to save at step 2, after last/ of step 2 was committed: its temporary folder
     begun, as a disk that fills up mid-save leaves it."""
     def save(path, *a, **k):
-        common._atomic_dir(Path(path))
+        atomic_writes._atomic_dir(Path(path))
         raise _no_space()
-    monkeypatch.setattr(common, "save_pretrained_dir", save)
+    monkeypatch.setattr(run_folder, "save_pretrained_dir", save)
     return f"could not write {out / 'best'}: {ENOSPC}. the last complete checkpoint, step 2, is intact"
 
 
@@ -398,7 +399,7 @@ def _fail_log(monkeypatch, out: Path) -> str:
             if calls[0] == 4:
                 return Full(f)
         return f
-    monkeypatch.setattr(common, "open", fake_open, raising=False)     # common's open() finds it first
+    monkeypatch.setattr(run_folder, "open", fake_open, raising=False)     # common's open() finds it first
     return f"could not write {out / 'metrics.jsonl'}: {ENOSPC}. the last complete checkpoint, step 2, " \
         f"is intact"
 
@@ -447,14 +448,14 @@ def test_a_final_report_that_cannot_be_written_ends_in_one_line_and_resume_write
     """The last write of a run, best/test_metrics.json after the 7 STS tasks: one line, exit 4,
     the finished checkpoint named; --resume then only evaluates and writes it."""
     out, cache = tmp_path / "run", tmp_path / "cache"
-    real = common.write_text_atomic
+    real = atomic_writes.write_text_atomic
 
     def write(path, text):
         if Path(path).name == "test_metrics.json":
             raise _no_space()
         return real(path, text)
     with monkeypatch.context() as mp:
-        mp.setattr(common, "write_text_atomic", write)
+        mp.setattr(run_folder, "write_text_atomic", write)
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 4, err[-3000:]
     message = _one_line_error(err)
@@ -504,14 +505,14 @@ def test_an_args_json_that_cannot_be_written_says_what_to_run(tmp_path, tiny_ber
     """A new run whose args.json cannot be written (the disk full at the start): one line, exit 4,
     and the command it names (the same command, plus --resume only if it says so) trains the run."""
     out, cache = tmp_path / "run", tmp_path / "cache"
-    real = common.write_text_atomic
+    real = atomic_writes.write_text_atomic
 
     def write(path, text):
         if Path(path).name == "args.json":
             raise _no_space()
         real(path, text)
     with monkeypatch.context() as mp:
-        mp.setattr(common, "write_text_atomic", write)
+        mp.setattr(run_folder, "write_text_atomic", write)
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 4, err[-3000:]
     message = _one_line_error(err)
@@ -541,9 +542,9 @@ def test_an_output_dir_on_a_full_disk_is_refused_at_the_start(tmp_path, tiny_ber
 
     def fake_open(file, mode="r", *a, **k):
         f = open(file, mode, *a, **k)
-        return Full(f) if Path(file).name == common.LOCK else f
+        return Full(f) if Path(file).name == run_folder.LOCK else f
     with monkeypatch.context() as mp:
-        mp.setattr(common, "open", fake_open, raising=False)
+        mp.setattr(run_folder, "open", fake_open, raising=False)
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 2, err[-3000:]
     message = _one_line_error(err)

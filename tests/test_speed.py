@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 import common
 import simcse
 from conftest import ROOT, cpu_env
+from plumbing import compiled_step
 from tools import bench
 
 
@@ -41,7 +42,7 @@ def _batch(n: int, width: int = 12, seed: int = 0) -> dict:
 def _step_fn(model, opt, sched, device, max_grad_norm=1.0, world_size=1, compile=False, amp=True):
     """The step as train() takes it: train_step over the model, or over its CompiledModel."""
     device = torch.device(device)
-    forward = common.CompiledModel(model, device, world_size) if compile else model
+    forward = compiled_step.CompiledModel(model, device, world_size) if compile else model
     return lambda batch: common.train_step(forward, batch, opt, sched, max_grad_norm, device, world_size, amp)
 
 
@@ -219,7 +220,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     model = _tiny_simcse()
     model.encoder.pooler.requires_grad_(False)     # as common.train() does: no loss uses it
-    ddp = common.wrap_ddp(model, torch.device("cpu"))
+    ddp = compiled_step.wrap_ddp(model, torch.device("cpu"))
     full = _batch(8)
     n = 8 // world
     local = {k: {kk: vv[rank * n:(rank + 1) * n] for kk, vv in v.items()} for k, v in full.items()}
@@ -228,6 +229,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     if rank == 0:
         torch.save({"loss": loss.detach(), "grads": {k: p.grad.clone() for k, p in model.named_parameters()
                                                      if p.grad is not None}}, out_path)
+    torch.distributed.barrier()      # neither process tears the group down while the other still uses it
     torch.distributed.destroy_process_group()
 
 

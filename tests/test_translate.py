@@ -16,7 +16,8 @@ import torch
 
 import common
 from conftest import ROOT
-from tools import translate
+from plumbing import inputs
+from plumbing import translation as translate
 
 
 def run_base(tmp_path, parallel, *extra):
@@ -160,7 +161,7 @@ sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads(1)
 import ifcl
-from tools import translate
+from plumbing import translation as translate
 from transformers import BartForConditionalGeneration
 point, n, which, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 real_generate, real_replace, calls = BartForConditionalGeneration.generate, os.replace, [0]
@@ -236,7 +237,7 @@ def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, pa
     assert "translating" in err and not final.exists() and part.exists()
     translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
                     "--cache_dir", str(cache)])
-    assert common.count_lines(final) == 48 and not part.exists()
+    assert inputs.count_lines(final) == 48 and not part.exists()
 
 
 def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
@@ -245,11 +246,11 @@ def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
     translate.wait_for_file(out, poll_s=0.02)                        # returns once it appears
     # rank 0 fails: it leaves its message for the others
     data, german = str(tmp_path / "en.txt"), tmp_path / "y.de.txt"
-    monkeypatch.setattr(common, "world", lambda: (0, 2))
+    monkeypatch.setattr(translate, "world", lambda: (0, 2))
     with pytest.raises(common.UserError, match="no such file"):
         translate.make_fraternal_file(data, german, "no-such-mt", torch.device("cpu"))
     marker = translate.failure_marker(german)
     assert "no such file" in marker.read_text()
-    monkeypatch.setattr(common, "world", lambda: (1, 2))
+    monkeypatch.setattr(translate, "world", lambda: (1, 2))
     with pytest.raises(common.UserError, match=r"rank 0 could not make .*y\.de\.txt: --data .*no such file"):
         translate.wait_for_file(german, poll_s=0.02)

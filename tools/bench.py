@@ -27,6 +27,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/bench.py` from anywhere
 import common  # noqa: E402
 from common import UserError, arg  # noqa: E402
+from plumbing.compiled_step import CompiledModel  # noqa: E402
 
 ARCHS = {  # standard architectures, so that no hub access is needed to build a random model
     "bert-base-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12,
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         # the baseline's AdamW is the plain, unfused one (a CPU device asks for that)
         opt, sched = common.make_optimizer(params, 3e-5, 0.0, total, device if fast else torch.device("cpu"))
         compiled = fast and args.compile and device.type == "cuda"
-        forward = common.CompiledModel(model, device) if compiled else model
+        forward = CompiledModel(model, device) if compiled else model
 
         def step(batch):   # the step as train() takes it
             return common.train_step(forward, batch, opt, sched, 1.0, device, amp=fast)

@@ -2,11 +2,11 @@
 
 Each script imports this module first. Its imports (torch, transformers, scipy) take seconds; a
 Ctrl-C then ends in a KeyboardInterrupt traceback from whichever library was loading, and a
-SIGTERM (`timeout`, a job scheduler) ends the process without a word. From here until
-common.run_main takes the two signals over (when the script's main starts), either one ends the
-process at once with one line and exit status 130 or 143. Nothing is written before main starts,
-so the same command is what to run again. Standard library only: it is in place before the slow
-imports begin.
+SIGTERM (`timeout`, a job scheduler) ends the process without a word. From here until run_main
+(plumbing/command_line.py) takes the two signals over, when the script's main starts, either one
+ends the process at once with one line and exit status 130 or 143. Nothing is written before main
+starts, so the same command is what to run again. Standard library only: it is in place before
+the slow imports begin.
 """
 
 import os
@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]      # the repository
 WHAT = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "terminated (SIGTERM)"}
 
 

@@ -1,0 +1,16 @@
+"""What keeps a run safe and fast, apart from what a reader of the papers needs (common.py and the
+method scripts): a module for each thing it holds.
+
+    process        this process's rank under torchrun, its progress bars, the run it recorded,
+                   the one-line errors (a refused input, a failed write)
+    flags          argparse from an @dataclass of arg() fields; the flags a run changed
+    inputs         the files a run is given, read and checked; the token cache
+    downloads      SimCSE's data into data/, each file proven whole before it is kept
+    atomic_writes  folders and files written whole or not at all
+    export         a model folder that transformers and sentence-transformers both load
+    run_folder     the lock, the run's record, last/ and best/, --resume, stages (rcl.py)
+    compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels
+    translation    IFCL's German file, made with a seq2seq model (tools/translate.py)
+    command_line   every command's end: one line and its exit status
+    interrupts     Ctrl-C and SIGTERM while a script is still importing
+"""

@@ -1,0 +1,137 @@
+"""The command line's flags: one @dataclass of arg() fields per command becomes argparse flags,
+each with its help, the source of its default and its range; which flags a run changed, and the
+run folder named after them. The shared training flags themselves are common.TrainArgs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from plumbing.process import UserError
+
+
+def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,
+        ge: float | None = None, gt: float | None = None, le: float | None = None,
+        lt: float | None = None, note: str = "", positional: bool = False) -> Any:
+    """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
+    official code, ours), its range (ge >=, gt >, le <=, lt <; each element of a list) and a
+    `note` for a range error (the values the paper used). `positional`: compare's bare words."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
+            "range": {k: v for k, v in bounds.items() if v is not None}}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# Flags that say where and how a run is written and shown, not what it trains: --resume may
+# change them, the default run folder's name leaves them out, compare.py ignores them
+NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """The default of a field that arg() made (a list default comes from a factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
+               "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
+
+
+def check_ranges(args: Any) -> None:
+    """Every field in the range its arg() declares, else a UserError: flag, value, rule, note, default."""
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        for x in value if isinstance(value, list) else [value]:
+            for k, bound in f.metadata.get("range", {}).items():
+                word, ok = RANGE_WORDS[k]
+                if ok(x, bound):
+                    continue
+                default = field_default(f)
+                default = " ".join(map(str, default)) if isinstance(default, list) else default
+                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
+                                f"range, e.g. the default --{f.name} {default}.")
+
+
+def flag_text(name: str, value: Any) -> str:
+    """A flag as a user types it: --tau 0.05, --no_mlp, --no-modulate, --phi 0.01 0.02."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if isinstance(value, list):
+        return " ".join([f"--{name}", *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)])
+    return f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}"
+
+
+def defaults_of(args: Any) -> Any:
+    """The defaults of `args`' command on its kind of --data: with its csv_defaults for a CSV."""
+    defaults = type(args)()
+    if str(getattr(args, "data", "")).lower().endswith(".csv"):
+        for k, v in getattr(type(args), "csv_defaults", {}).items():
+            setattr(defaults, k, v)
+    return defaults
+
+
+def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[str, Any]:
+    """The flags whose values differ from the defaults (defaults_of), in the order of Args."""
+    defaults = defaults_of(args)
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+            if f.name not in leave_out and getattr(args, f.name) != getattr(defaults, f.name)}
+
+
+def script_name(args: Any) -> str:
+    """The script whose Args `args` is: simcse, focal_infonce, ... (its module's file name)."""
+    module = sys.modules.get(type(args).__module__)
+    return Path(getattr(module, "__file__", None) or type(args).__module__).stem
+
+
+def default_output_dir(args: Any) -> str:
+    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
+    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part."""
+    parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
+             else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
+             for name, value in changed_flags(args).items()]
+    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts))
+    return str(Path("runs") / script_name(args) / (name or "default"))
+
+
+def build_parser(cls: type, description: str | None = None, prog: str | None = None):
+    """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
+    parser = argparse.ArgumentParser(description=description, prog=prog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        is_list = typing.get_origin(hints[f.name]) is list
+        typ = typing.get_args(hints[f.name])[0] if is_list else hints[f.name]
+        default = field_default(f)
+        source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
+        shown = "" if default == "" else f" (default: {default})"
+        # the real default in --help; SUPPRESS tells parse_args which flags were given
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
+                              "help": f"{f.metadata.get('help', '')} [{source}]{shown}"}
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
+        elif typ is bool:
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            parser.add_argument(f"--{f.name}", action=action, **kw)
+        else:
+            parser.add_argument(f"--{f.name}", type=typ, nargs="*" if is_list else None, **kw)
+    return parser
+
+
+def parse_args(cls: type, argv: list[str] | None = None, description: str | None = None,
+               prog: str | None = None) -> Any:
+    """The one way every command reads its flags: argparse from `cls`, each range checked; the
+    flags not given take the defaults of their kind of --data (defaults_of: a CSV's own). A
+    training script's files and rules are checked by common.start (TrainArgs.check)."""
+    given = vars(build_parser(cls, description, prog).parse_args(argv))
+    args = dataclasses.replace(defaults_of(cls(**given)), **given)
+    check_ranges(args)
+    return args

@@ -1,0 +1,129 @@
+"""This process: its place under torchrun, the progress bars it draws, the run folder it recorded,
+and the two errors that end it in one line (a refused input, exit status 2; a failed write, exit
+status 4, which names what is intact and what to run once it can be written again)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm  # comes with transformers
+
+
+class UserError(Exception):
+    """A problem with the user's input (a file, a flag): printed as one clear message, exit 2."""
+
+
+class WriteFailed(Exception):
+    """A write that failed (disk full, quota, read-only, permission): one line, exit status 4."""
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without torchrun."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def barrier() -> None:
+    """Wait for every rank under torchrun; nothing in one process."""
+    if world()[1] > 1:
+        dist.barrier()
+
+
+def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
+    """The progress bar of every long loop (tokenising, downloading, training, translating)."""
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
+                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+
+
+def close_bars() -> None:
+    """Close the progress bars still drawn (a bar ends in no newline): a closing line then starts
+    a line of its own instead of being glued to the bar's end."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+# The libraries' own exceptions for a write the system refused, beside OSError: torch.save raises
+# RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos N vs M", chained on
+# "basic_ios::clear: iostream error"), safetensors its SafetensorError and the tokenizers a bare
+# Exception, both ending in "(os error 28)". Any other exception is a bug: its traceback stays.
+TORCH_IO = ("inline_container.cc", "iostream error")
+OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# what to make possible again, by the system's reason
+REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",
+          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
+          errno.EIO: "a disk that works again: the system's log says what failed"}
+
+
+def refused_write(e: BaseException) -> tuple[int | None, str] | None:
+    """(errno, the system's words) for an exception that says the system refused a write: an
+    OSError, or a library's error above (the errno found in it or in what it was raised from).
+    None for any other exception."""
+    if not (isinstance(e, OSError) or OS_ERROR.search(str(e))
+            or isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_IO)):
+        return None
+    seen = []
+    while e is not None and e not in seen and len(seen) < 8:
+        seen.append(e)
+        if isinstance(e, OSError):
+            return e.errno, e.strerror or str(e)
+        if m := OS_ERROR.search(str(e)):
+            return int(m[1]), os.strerror(int(m[1]))
+        e = e.__cause__ or e.__context__
+    return None, "an I/O error (the library did not say which)"
+
+
+# the run folder whose record (args.json) common.start wrote for this command, if any: what a
+# failed write or a Ctrl-C says is intact and what to run next
+recorded_run: Path | None = None
+NO_CHECKPOINT = "no checkpoint was written yet"
+
+
+def intact(step: int, last: Path) -> str:
+    return f"the last complete checkpoint, step {step}, is intact in {last}"
+
+
+def checkpoint_kept(out: str | Path | None) -> str:
+    """What a failed write leaves intact in run folder `out`: last/'s step (read without its
+    tensors), or that no checkpoint was written yet."""
+    last = Path(out or ".") / "last" / "state.pt"
+    if out is None or not last.is_file():
+        return NO_CHECKPOINT
+    try:
+        step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
+    except Exception:
+        return f"{last.parent} is as it was"
+    return intact(step, last.parent)
+
+
+def next_command() -> str:
+    """What to run once a stopped command can go on: --resume once the run is recorded (args.json:
+    --resume accepts it), else the same command (--resume would be refused)."""
+    if recorded_run is not None and (recorded_run / "args.json").is_file():
+        return "the same command plus --resume continues"
+    return "the same command starts the run"
+
+
+@contextlib.contextmanager
+def writing(what: str, kept: str | None = None, then: str | None = None):
+    """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
+    intact (`kept`; by default the recorded run's checkpoint), what next (`then`; by default
+    next_command()). Any other exception passes as it is."""
+    try:
+        yield
+    except Exception as e:
+        refused = refused_write(e)
+        if refused is None:
+            raise
+        code, reason = refused
+        remedy = REMEDY.get(code, "free space, a writable place")
+        kept = checkpoint_kept(recorded_run) if kept is None else kept
+        raise WriteFailed(f"could not write {what}: {reason}. {kept}; once it can be written again "
+                          f"({remedy}), {then or next_command()}.") from e

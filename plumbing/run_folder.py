@@ -1,0 +1,400 @@
+"""The run folder (--output_dir): one process holds it; its record (args.json, run.json: the flags
+and a fingerprint of the data) is written once and --resume is held to it; metrics.jsonl is only
+appended to; last/ is the one commit point (all --resume needs, with a checksum beside it); best/
+is the best STS-B dev's model; a run that trains several models (rcl.py) keeps each in a stage of
+its own. Every write ends, if the system refuses it, in one line that names what is intact."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pickle
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm  # comes with transformers
+
+from plumbing import process
+from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to_disk, write_text_atomic
+from plumbing.export import save_pretrained_dir
+from plumbing.flags import NOT_TRAINING, script_name
+from plumbing.process import NO_CHECKPOINT, UserError, barrier, checkpoint_kept, intact, world, writing
+
+try:
+    import fcntl  # POSIX: the run-folder lock (hold_run_folder)
+except ImportError:                    # Windows
+    fcntl = None
+
+CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
+DONE = "DONE.json"              # a stage's summary, written once the stage is complete
+
+
+# -------------------------------------------------------------------------------------
+# One process a run folder; the run's record
+# -------------------------------------------------------------------------------------
+
+# the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
+held_locks: dict[str, Any] = {}
+
+
+LOCK = "run.lock"
+
+
+def hold_run_folder(folder: str | Path) -> None:
+    """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
+    process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
+    stops here, told which process holds it; a folder that cannot be written refuses the command.
+    The stages inside a run folder are held with it. NOTE(ours): no fcntl (Windows), no lock."""
+    key = str(Path(folder).resolve())
+    if key in held_locks or fcntl is None:
+        return
+    unwritable = f"--output_dir {folder}: cannot be written ({{}}). Choose a folder you can write to."
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
+    except OSError as e:
+        raise UserError(unwritable.format(e.strerror or e))
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
+                        f"in a run folder: wait for that one to end (or stop it), then continue the "
+                        f"run with --resume; or choose another --output_dir.")
+    try:
+        f.truncate(0)
+        f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+        f.flush()
+    except OSError as e:                # a full disk: the lock's line is the run's first write
+        with contextlib.suppress(OSError):
+            f.close()
+        raise UserError(unwritable.format(e.strerror or e))
+    held_locks[key] = f
+
+
+def release_run_folders(*folders: str | Path) -> None:
+    """Let go of the given run folders (all, with none given): a process training several runs."""
+    for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
+        if k in held_locks:
+            held_locks.pop(k).close()           # closing the file drops its flock
+
+
+def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
+    """Hold the run folder (a second process stops here); refuse an earlier run's folder unless
+    --resume, and a folder that cannot be written."""
+    out = Path(output_dir)
+    new = not out.exists()
+    hold_run_folder(out)
+    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
+    stages = any((d / "metrics.jsonl").exists() or (d / DONE).exists() for d in out.glob("*/"))  # rcl.py
+    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists() or stages):
+        error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
+                          f"choose another --output_dir (or delete the folder) to start afresh.")
+    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
+    elif resume and not (out / "last" / "state.pt").exists() and not (out / ".last.old").exists() \
+            and not started:
+        error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
+                          f"--resume to start, or point --output_dir at the earlier run.")
+    elif not os.access(out, os.W_OK):
+        error = UserError(f"--output_dir {out}: cannot be written. Choose a folder you can write to.")
+    else:
+        return out
+    if new:                                         # the folder this call made for its lock
+        release_run_folders(out)
+        shutil.rmtree(out, ignore_errors=True)
+    raise error
+
+
+def record_run(out: Path, args: Any) -> None:
+    """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
+    are written once, when the run starts. On --resume the command is held to them first:
+    any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
+    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
+    run = {"script": f"{script_name(args)}.py", "data_sha256": sha256_file(args.data)}
+    if args.resume and (out / "args.json").is_file():
+        then = json.loads((out / "args.json").read_text())
+        then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+        diffs = [f"  --{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in flags.items()
+                 if k not in NOT_TRAINING and then.get(k) != v]
+        if then_run.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:
+            diffs.append(f"  --data {args.data}: its content is not the data the run started with")
+        if diffs:
+            raise UserError(f"--resume: this command would train another run than the one in {out}, "
+                            f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
+                            "flags, start a new run: leave out --resume and --output_dir (the default "
+                            "folder is named after the flags) or give another --output_dir.")
+        if then_run:
+            return
+        # a folder from before run.json: its data cannot be checked; from now on it is held to these
+        print(f"note: {out} has no run.json (written by an earlier version): --data {args.data} cannot be "
+              f"checked against the data the run started with; its fingerprint is recorded now",
+              file=sys.stderr)
+        with writing(str(out / "run.json"), checkpoint_kept(out)):
+            write_text_atomic(out / "run.json", json.dumps(run, indent=2))
+        return
+    # run.json first, and no args.json of an earlier start left beside it: a folder whose args.json
+    # --resume accepts always holds the fingerprint of the data that run trained on
+    (out / "args.json").unlink(missing_ok=True)
+    for name, record in (("run.json", run), ("args.json", flags)):
+        with writing(str(out / name), NO_CHECKPOINT, "the same command starts the run"):
+            write_text_atomic(out / name, json.dumps(record, indent=2))
+
+
+def open_run(args: Any) -> None:
+    """common.start's last step, on rank 0: hold --output_dir, check or write its record, put back
+    what a kill between two renames left; every rank then waits. From here a failed write or a
+    Ctrl-C names this folder (process.recorded_run)."""
+    if world()[0] == 0:
+        out = prepare_output_dir(args.output_dir, args.resume)
+        record_run(out, args)
+        recover_dir(out / "best")
+        recover_dir(out / "last")
+    barrier()
+    process.recorded_run = Path(args.output_dir)
+
+
+def kept_in(folder: Path) -> str:
+    """What a failed write in `folder` leaves intact: its last checkpoint and, for a stage of the
+    recorded run, the stages already complete beside it."""
+    kept = checkpoint_kept(folder)
+    if process.recorded_run is None or folder.parent != process.recorded_run:
+        return kept
+    kept += f" in {folder.name}" if kept == NO_CHECKPOINT else ""
+    finished = [d.name for d in sorted(folder.parent.iterdir()) if (d / DONE).is_file()]
+    return kept + (f"; finished and kept: {', '.join(finished)}" if finished else "")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """A small JSON file of the run, written whole or not at all; a failed write: one line."""
+    with writing(str(path)):
+        write_text_atomic(path, json.dumps(obj, indent=2))
+
+
+# -------------------------------------------------------------------------------------
+# What train() keeps: the log, last/, best/
+# -------------------------------------------------------------------------------------
+
+class RunFolder:
+    """What train() keeps in --output_dir: metrics.jsonl (appended to only), last/ (all --resume
+    needs: the one commit point) and best/ (the best STS-B dev's encoder). `state`: last/'s modules
+    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp) for best/.
+    Rank 0 writes; every rank keeps the same counts."""
+
+    def __init__(self, args: Any, total: int, state: dict, saved: tuple):
+        self.args, self.total, self.state, self.saved = args, total, state, saved
+        self.out = Path(args.output_dir)
+        self.log = self.out / "metrics.jsonl"
+        self.main = world()[0] == 0
+        self.best, self.best_step = -math.inf, 0
+        self.last = None           # the last evaluation's figures
+        self.kept = kept_in(self.out)
+        self.stopped_early = False
+        self.since_check = [0.0, 0]   # should_stop's: the loss summed since it was last asked, steps
+
+    def write(self, record: dict) -> None:
+        if self.main:
+            with writing(str(self.log), self.kept), open(self.log, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def early_stop(self, step: int, loss: torch.Tensor) -> bool:
+        """should_stop's verdict (rcl.py's early stopping): asked every should_stop.every steps
+        (default: at evaluations) and at the last step, with the mean loss since it was last asked,
+        which last/ keeps. Once it says stop, training stops (evaluated and checkpointed there)."""
+        stop = self.state["should_stop"]
+        if stop is None:
+            return False
+        self.since_check = [self.since_check[0] + loss, self.since_check[1] + 1]   # on the device
+        if step % getattr(stop, "every", self.args.eval_every) and step != self.total:
+            return False
+        mean = float(self.since_check[0]) / self.since_check[1]
+        self.since_check = [0.0, 0]
+        self.stopped_early = bool(stop(step, mean))
+        return self.stopped_early
+
+    def checkpoint(self, step: int, figures: dict | None) -> None:
+        """An evaluation's `figures` (rank 0's) kept, in the order a kill may interrupt: its record,
+        last/ with the log's length (a resume cuts the log back to it) and the loop's state, best/
+        if the best so far; then its line on the screen. Every rank waits for it."""
+        if self.main:
+            self._keep(step, figures)
+            tqdm.write(f"step {step}: STS-B dev {figures['stsb_dev']:.2f}  SICK-R dev "
+                       f"{figures['sickr_dev']:.2f}  (best {self.best:.2f} at step {self.best_step})",
+                       file=sys.stderr)
+        barrier()
+
+    def _keep(self, step: int, figures: dict) -> None:
+        self.last = {"step": step, **figures}
+        if self.last["stsb_dev"] > self.best:
+            self.best, self.best_step = self.last["stsb_dev"], step
+        record = dict(self.last, best_stsb_dev=self.best)
+        self.write(record)
+        with writing(str(self.log), self.kept):
+            sync_to_disk(self.log)   # as long as last/ records: a resume cuts the log back there
+        stop = self.state["should_stop"]
+        state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
+        since = [float(self.since_check[0]), self.since_check[1]]
+        state.update({"stopped_early": self.stopped_early, "since_check": since, "dev": record,
+                      "step": step, "best": self.best, "best_step": self.best_step,
+                      "log_bytes": self.log.stat().st_size,
+                      "should_stop": getattr(stop, "state_dict", lambda: None)(),
+                      "rng_cpu": torch.get_rng_state(),
+                      "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
+            with open(tmp / "state.pt", "wb") as f:
+                torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
+            # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
+            (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
+        self.kept = intact(step, self.out / "last")
+        if self.best_step == step:
+            self.save_best(record)
+
+    def save_best(self, record: dict) -> None:
+        extra = {"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record}
+        with writing(str(self.out / "best"), self.kept):
+            save_pretrained_dir(self.out / "best", *self.saved, extra=extra)
+
+    def resume(self) -> int:
+        """--resume: bring back what checkpoint() kept (data only: weights_only, its checksum
+        checked), cut metrics.jsonl back to last/'s length (records of steps trained again, a line
+        cut short), re-save best/ if it fell one evaluation behind. The step to go on from: 0 for a
+        run stopped before its first checkpoint."""
+        last = self.out / "last" / "state.pt"
+        if not last.exists():
+            if self.main and self.log.exists():
+                os.truncate(self.log, 0)
+            if self.main:
+                print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
+            return 0
+        try:
+            # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
+            # others), and load_state_dict copies weights and AdamW's moments to the model's device
+            state = torch.load(last, map_location="cpu", weights_only=True)
+        except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
+            raise UserError(self.damaged(last, e))
+        # bytes damaged on the disk (tensor data load without a word) or another file put in its place;
+        # a checkpoint of an earlier version of this code has no checksum beside it
+        recorded = last.with_name(CHECKSUM)
+        if recorded.is_file() and (recorded.read_text().split() or [""])[0] != sha256_file(last):
+            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
+                                               f"it: damaged on the disk, or replaced"))
+        try:
+            for k in ("model", "opt", "sched"):
+                self.state[k].load_state_dict(state[k])
+            if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
+                self.state["should_stop"].load_state_dict(state["should_stop"])
+            self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
+            self.stopped_early = bool(state.get("stopped_early"))
+            self.since_check = list(state.get("since_check") or [0.0, 0])
+            size = state["log_bytes"]
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, ValueError,
+                TypeError) as e:
+            raise UserError(self.damaged(last, e))
+        if self.main and self.log.exists() and self.log.stat().st_size >= size:
+            os.truncate(self.log, size)
+        elif self.main:
+            print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
+                  f"replaced?); it is kept as it is", file=sys.stderr)
+        best_dev = self.out / "best" / "dev_metrics.json"
+        saved = json.loads(best_dev.read_text()) if best_dev.is_file() else {}
+        if self.main and state["best_step"] == state["step"] and saved.get("step") != state["step"]:
+            self.save_best(state["dev"])
+        torch.set_rng_state(state["rng_cpu"])
+        if torch.cuda.is_available() and state.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(state["rng_cuda"])
+        self.kept = intact(state["step"], last.parent)
+        if self.main:
+            print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
+                  f"{state['best_step']})", file=sys.stderr)
+        return state["step"]
+
+    def damaged(self, last: Path, e: Exception | str) -> str:
+        """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in str(e):
+            reason = "it holds objects other than tensors and numbers, which loading would run as code"
+        best = self.out / "best" / "dev_metrics.json"
+        good = f"{best.parent} (the model of step {json.loads(best.read_text()).get('step')}) and " \
+            if best.is_file() else ""
+        return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
+                f"{good}{self.log}. This run cannot continue from it: train it again in another "
+                f"--output_dir (or move {self.out} away first).")
+
+    def nan_error(self, step: int) -> UserError:
+        """The line for a loss that became NaN or infinite: training stops, best/ is what is kept."""
+        kept = f"is kept in {self.out / 'best'}" if self.best_step else "was not saved yet"
+        return UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
+                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
+                         f"lines.")
+
+    def result(self, step: int) -> dict:
+        """What train() returns: the best and last STS-B dev, the steps, whether it stopped early."""
+        return {"best_dev": self.best, "best_step": self.best_step, "steps": step, "total": self.total,
+                "stopped_early": self.stopped_early and step < self.total,
+                "last_dev": (self.last or {}).get("stsb_dev"), "test": None}
+
+
+# -------------------------------------------------------------------------------------
+# Stages: a run that trains several models in one folder (rcl.py's entropy models)
+# -------------------------------------------------------------------------------------
+
+class Stage:
+    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its
+    own inside the held run folder, where train() keeps its log, last/ and best/ as for any run.
+    finish() completes it: end/ (the weights it ended with), then DONE.json (its summary and the
+    settings it was trained with), then last/ dropped. A complete stage is reused by --resume,
+    held to those settings; an unfinished one continues from its last/, or starts again."""
+
+    def __init__(self, out: str | Path, name: str, settings: dict):
+        self.path = Path(out) / name
+        self.settings = settings
+
+    def finished(self) -> dict | None:
+        """The summary of this stage completed earlier (its DONE.json), or None. Trained with other
+        settings (the seed aside), it is refused rather than reused silently."""
+        done = self.path / DONE
+        if not done.is_file():
+            return None
+        summary = json.loads(done.read_text())
+        diff = [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]
+        if diff:
+            raise UserError(f"--resume: {self.path} was trained with a different "
+                            f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
+                            f"--output_dir, or delete {self.path} to train it again.")
+        if world()[0] == 0:
+            shutil.rmtree(self.path / "last", ignore_errors=True)   # if a kill came before its removal
+        return summary
+
+    def open(self) -> None:
+        """Before the stage trains: what a kill during a commit left, put back; a stage killed
+        before its first checkpoint, started again; its folder made. Every rank waits."""
+        if world()[0] == 0:
+            if self.path.exists():
+                for kept in ("best", "end"):
+                    recover_dir(self.path / kept)
+                if not (recover_dir(self.path / "last") / "state.pt").exists():
+                    shutil.rmtree(self.path)       # nothing of it to keep
+            with writing(str(self.path), kept_in(self.path)):
+                self.path.mkdir(parents=True, exist_ok=True)
+        barrier()
+
+    def finish(self, summary: dict, encoder, tokenizer, pooler: str) -> None:
+        """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped
+        (weights and AdamW's moments, ~3x the model: only an unfinished stage resumes from it).
+        Every rank waits."""
+        if world()[0] == 0:
+            kept = kept_in(self.path)
+            with writing(str(self.path / "end"), kept):
+                save_pretrained_dir(self.path / "end", encoder, tokenizer, pooler)
+            with writing(str(self.path / DONE), kept):
+                write_text_atomic(self.path / DONE, json.dumps({**self.settings, **summary}, indent=2))
+            shutil.rmtree(self.path / "last", ignore_errors=True)
+        barrier()

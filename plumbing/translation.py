@@ -1,0 +1,297 @@
+"""IFCL's German file: --data translated, one line a sentence, with any Hugging Face seq2seq model.
+
+    python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
+    python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
+
+`python ifcl.py --data data/wiki1m_for_simcse.txt` makes this same file itself on its first run (through
+this module); left without --out, the file goes where ifcl.py looks for it,
+<data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on
+CUDA, the batch halved when the GPU runs out of memory), with a progress bar, and resumable:
+lines go to <out>.part in chunks of the input's order (flushed after each), beside
+<out>.part.json, which says what is being translated; <out> appears only when every line is
+done, so a partial file is never taken for a finished one. A killed run continues where
+<out>.part stops. Under torchrun (ifcl.py's first run) rank 0 translates while the other
+ranks wait for the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from plumbing.atomic_writes import write_text_atomic
+from plumbing.flags import arg, parse_args
+from plumbing.inputs import count_lines, default_cache_dir, read_sentences
+from plumbing.process import UserError, progress, world
+
+
+@dataclass
+class TranslateArgs:
+    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line")
+    out: str = arg("", "where the German lines go (written as <out>.part until complete); left "
+                   "out: where `python ifcl.py` looks for them, <data>.de.<mt_model>.txt")
+    cache_dir: str = arg("", "with --out left out: put the file here, not beside --data")
+    mt_model: str = arg("t5-base", "any Hugging Face seq2seq model (T5: the paper; the size is ours; "
+                        "Helsinki-NLP/opus-mt-en-de also works)", "paper Sec. 4.1")
+    prefix: str = arg("auto", "text put before each sentence; auto = T5's 'translate English to "
+                      "German: ' for T5 models, nothing otherwise", "ours")
+    batch_size: int = arg(0, "sentences per generate() call, halved whenever the GPU runs out of "
+                          "memory; 0 = 1024 on CUDA, 64 on the CPU", ge=0)
+    chunk_size: int = arg(16384, "sentences sorted by length together and appended to the file "
+                          "together (a kill loses at most one chunk's work)", ge=1)
+    max_source_len: int = arg(256, "source tokens kept per sentence", ge=1)
+    max_new_tokens: int = arg(128, "generated tokens per sentence at most", ge=1)
+    num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)", ge=1)
+
+
+T5_PREFIX = "translate English to German: "
+AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0
+
+
+
+
+
+def mt_slug(mt_model: str) -> str:
+    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
+    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
+    NOTE(ours): the name carries the model so that a file made by one model is never taken
+    for another's; two local folders both called 'mt' get different names."""
+    p = Path(mt_model).expanduser()
+    if p.is_dir():
+        full = str(p.resolve())
+        name = f"{p.resolve().name}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
+    else:
+        name = mt_model.replace("/", "--")
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Path:
+    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside
+    --data, or under --cache_dir when given or when --data's folder is not writable."""
+    data_p = Path(data)
+    name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
+    if cache_dir:
+        return Path(cache_dir) / name
+    folder = data_p.resolve().parent
+    probe = folder
+    while not probe.exists():            # data/ before its first download: it will be created
+        probe = probe.parent
+    if os.access(probe, os.W_OK):
+        return folder / name
+    return default_cache_dir(data, "") / name
+
+
+def mt_model_error(name: str, e: Exception) -> UserError:
+    return UserError(f"--mt_model {name}: could not load it as a seq2seq model "
+                     f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Translating --data "
+                     f"into German needs it once (the file is kept and reused): give a hub name with "
+                     f"the hub reachable, or a local folder. Or make the German file elsewhere with "
+                     f"`python tools/translate.py --data DATA --out FILE` and pass --fraternal_data FILE.")
+
+
+def check_mt_model(name: str) -> None:
+    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
+    possibly a download of a gigabyte, are loaded by the rank that translates)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise mt_model_error(name, e)
+    if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        raise mt_model_error(name, ValueError(f"its model type '{config.model_type}' is not a "
+                                              f"sequence-to-sequence model"))
+
+
+def load_mt_model(name: str, device: torch.device):
+    """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
+    NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise mt_model_error(name, e)
+    return tok, model
+
+
+def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: str,
+                    device: torch.device, batch_size: int, on_batch) -> tuple[list[str], int]:
+    """Translate `texts` in batches of similar length (greedy unless --num_beams) and return
+    them in the input's order, with the batch size that fitted: on running out of GPU memory
+    the batch is halved and tried again. `on_batch(k)` is called after each batch of k."""
+    ids = tok([prefix + t for t in texts], truncation=True, max_length=args.max_source_len)["input_ids"]
+    # longest first (stable: ties keep the input's order), so a batch that does not fit in
+    # memory is met at the start of the chunk; similar lengths waste little on padding
+    order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    out: list[str] = [""] * len(texts)
+    i = 0
+    while i < len(order):
+        rows = order[i:i + batch_size]
+        width = max(len(ids[r]) for r in rows)
+        x = torch.full((len(rows), width), pad, dtype=torch.long)           # (B, L)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)             # (B, L)
+        for k, r in enumerate(rows):
+            x[k, :len(ids[r])] = torch.tensor(ids[r])
+            mask[k, :len(ids[r])] = 1
+        gen = None
+        try:
+            with torch.inference_mode():
+                gen = model.generate(input_ids=x.to(device), attention_mask=mask.to(device),
+                                     num_beams=args.num_beams, do_sample=False,
+                                     max_new_tokens=args.max_new_tokens)       # (B, T)
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+        if gen is None:                                 # outside the except: its frames freed
+            batch_size //= 2
+            torch.cuda.empty_cache()
+            print(f"note: out of GPU memory; translating in batches of {batch_size}", file=sys.stderr)
+            continue
+        for r, t in zip(rows, tok.batch_decode(gen, skip_special_tokens=True)):
+            out[r] = " ".join(t.split())                # one line each, whatever it generated
+        i += len(rows)
+        on_batch(len(rows))
+    return out, batch_size
+
+
+def translate_file(args: TranslateArgs, device: torch.device | None = None) -> Path:
+    """Translate --data into --out (see `translate`); returns the finished file."""
+    src = read_sentences(args.data, "--data")
+    out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
+    part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
+    if out.exists():
+        k = count_lines(out)
+        if k == len(src):
+            print(f"{out}: already complete ({k} lines)", file=sys.stderr)
+            return out
+        raise UserError(f"--out {out} exists with {k} lines but --data {args.data} has {len(src)} "
+                        f"sentences. Delete it or choose another --out.")
+    h = hashlib.sha256("\n".join(src).encode()).hexdigest()
+    key = {"data_sha256": h, "lines": len(src), "mt_model": args.mt_model, "prefix": args.prefix,
+           "num_beams": args.num_beams, "max_new_tokens": args.max_new_tokens,
+           "max_source_len": args.max_source_len}
+    done = 0
+    if part.exists():
+        old = json.loads(meta.read_text()) if meta.exists() else None
+        if old != key:
+            raise UserError(f"{part} is an unfinished translation of other input or settings "
+                            f"({meta} says {old}). Delete both files to start afresh, or rerun "
+                            f"with the earlier flags.")
+        raw = part.read_bytes()
+        keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
+        with open(part, "r+b") as f:
+            f.truncate(len(keep))
+        done = keep.count(b"\n")
+        print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
+
+    if done < len(src):
+        device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        t_load = time.perf_counter()
+        tok, model = load_mt_model(args.mt_model, device)  # before anything is written
+        print(f"--mt_model {args.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
+              file=sys.stderr)
+        if not part.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(meta, json.dumps(key, indent=2))
+            part.write_bytes(b"")
+        prefix = args.prefix
+        # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
+        if prefix == "auto":
+            prefix = T5_PREFIX if model.config.model_type == "t5" else ""
+        batch_size = args.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
+        print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
+        bar = progress(total=len(src), desc="translating", unit="sent", initial=done)
+        empty, t0 = 0, time.perf_counter()
+        with open(part, "a", encoding="utf-8") as f:
+            # Chunks start at multiples of --chunk_size of the input, each sorted by length
+            # inside and appended whole, in the input's order. A chunk cut by a kill is
+            # translated again whole (the same batches, so the same lines), and only its lines
+            # past the finished ones are written: every finished line is kept.
+            for c0 in range(done - done % args.chunk_size, len(src), args.chunk_size):
+                chunk = src[c0:c0 + args.chunk_size]
+                skip = max(0, done - c0)                # lines of this chunk already in <out>.part
+                seen = [0]
+
+                def on_batch(k: int) -> None:           # the bar counts new lines only
+                    before, seen[0] = seen[0], seen[0] + k
+                    bar.update(max(0, seen[0] - skip) - max(0, before - skip))
+                lines, batch_size = translate_chunk(model, tok, chunk, args, prefix, device,
+                                                    batch_size, on_batch)
+                lines, chunk = lines[skip:], chunk[skip:]
+                # NOTE(ours): an empty translation keeps the English line, so the files stay
+                # parallel line for line (a blank German line would be skipped when read)
+                empty += sum(not t for t in lines)
+                f.write("".join((t or e) + "\n" for t, e in zip(lines, chunk)))
+                f.flush()
+                os.fsync(f.fileno())
+        bar.close()
+        secs = time.perf_counter() - t0
+        new = len(src) - done
+        print(f"translated {new} sentences in {secs:.1f} s ({new / max(secs, 1e-9):.1f} sentences/s)",
+              file=sys.stderr)
+        if empty:
+            print(f"note: {empty} of {new} translations came back empty; their English line was "
+                  f"kept in their place", file=sys.stderr)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()                    # the GPU's memory goes back to training
+    n_out = count_lines(part)
+    if n_out != len(src):
+        raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
+                        f"translate into it at once?); delete it and {meta} and translate again.")
+    os.replace(part, out)
+    meta.unlink(missing_ok=True)
+    print(f"{out}: {len(src)} lines", file=sys.stderr)
+    return out
+
+
+def failure_marker(out: Path) -> Path:
+    """Rank 0 writes why it could not make `out` here, for the ranks waiting for it."""
+    return out.with_name(out.name + ".failed")
+
+
+def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
+    """Under torchrun, the ranks other than 0 wait for rank 0's translation: polling the file
+    system, not a collective, whose timeout (minutes) is shorter than a translation (hours).
+    The final name appears only once complete; a failure of rank 0 ends the wait with its
+    message (and torchrun stops every rank when one dies)."""
+    rank = world()[0]
+    print(f"rank {rank}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
+    failed = failure_marker(out)
+    while not out.exists():
+        if failed.exists():
+            raise UserError(f"rank 0 could not make {out}: {failed.read_text()}")
+        time.sleep(poll_s)
+
+
+def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch.device) -> None:
+    """ifcl.py's first run: rank 0 translates --data into `out`; the other ranks wait for it."""
+    out = Path(out)
+    rank, world_size = world()
+    if rank > 0:
+        return wait_for_file(out)
+    try:
+        translate_file(TranslateArgs(data=data, out=str(out), mt_model=mt_model), device)
+    except BaseException as e:
+        if world_size > 1:
+            try:                                        # never hide e behind a failed note
+                out.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
+            except OSError:
+                pass
+        raise
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(TranslateArgs, argv, description=__doc__, prog="python tools/translate.py")
+    return translate_file(args)
