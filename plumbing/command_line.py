@@ -28,8 +28,8 @@ def _on_sigterm(signum, frame) -> None:
 def after_a_stop() -> str:
     """What run_main's line after Ctrl-C or SIGTERM says to run: --resume once start() has recorded
     the run (args.json: --resume accepts it), else the same command (--resume would be refused)."""
-    run = process.recorded_run
-    if run is not None and (run / "args.json").is_file():
+    run = process.recorded()
+    if run is not None:
         return (f"What was already written in {run} is kept; the same command plus --resume "
                 f"continues the run (from its last checkpoint, if one was written).")
     return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \

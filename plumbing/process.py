@@ -103,12 +103,15 @@ def checkpoint_kept(out: str | Path | None) -> str:
     return intact(step, last.parent)
 
 
+def recorded() -> Path | None:
+    """The run folder this command recorded, once its record (args.json) is there: the folder
+    --resume accepts. None before (--resume would be refused: the same command starts the run)."""
+    return recorded_run if recorded_run is not None and (recorded_run / "args.json").is_file() else None
+
+
 def next_command() -> str:
-    """What to run once a stopped command can go on: --resume once the run is recorded (args.json:
-    --resume accepts it), else the same command (--resume would be refused)."""
-    if recorded_run is not None and (recorded_run / "args.json").is_file():
-        return "the same command plus --resume continues"
-    return "the same command starts the run"
+    """What to run once a command stopped by a failed write can go on."""
+    return "the same command plus --resume continues" if recorded() else "the same command starts the run"
 
 
 @contextlib.contextmanager
