@@ -93,8 +93,7 @@ def intact(step: int, last: Path) -> str:
 def checkpoint_kept(out: str | Path | None) -> str:
     """What a failed write leaves intact in run folder `out`: last/'s step (read without its
     tensors), or that no checkpoint was written yet."""
-    last = Path(out or ".") / "last" / "state.pt"
-    if out is None or not last.is_file():
+    if out is None or not (last := Path(out) / "last" / "state.pt").is_file():
         return NO_CHECKPOINT
     try:
         step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]

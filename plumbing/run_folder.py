@@ -95,7 +95,7 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     new = not out.exists()
     hold_run_folder(out)
     started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
-    stages = any((d / "metrics.jsonl").exists() or (d / DONE).exists() for d in out.glob("*/"))  # rcl.py
+    stages = any(out.glob("*/metrics.jsonl")) or any(out.glob(f"*/{DONE}"))      # rcl.py's entropy models
     if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists() or stages):
         error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
                           f"choose another --output_dir (or delete the folder) to start afresh.")
