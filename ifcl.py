@@ -130,6 +130,12 @@ class Args(common.TrainArgs):
     # row SimCSE, and its 76.83 is SimCSE's published STS-B figure (76.85)
     no_mlp: bool = arg(False, "no MLP over [CLS] in training (Sentence-BERT's pipeline); the queue "
                        "then holds raw [CLS]", "ours")
+    # Tab. 1's caption: [CLS] trains, the mean of the last layer is evaluated. An encoder already
+    # tuned for its mean (all-MiniLM-L6-v2, the testbed's) scores well there untrained, so a run
+    # is read there on [CLS], the output the loss trains
+    pooler: str = arg("avg", "sentence vector of the evaluations, best/ and the saved model: avg = mean "
+                      "of the last layer (the paper's), cls_before_pooler = raw [CLS]", "paper Tab. 1",
+                      choices=["avg", "cls_before_pooler"])
     no_fraternal: bool = arg(False, "drop the fraternal twins (and so Eq. 7 and the Twins loss)",
                              "paper Tab. 2")
     no_twins: bool = arg(False, "drop the Twins loss, Eq. (8)", "paper Tab. 2")
@@ -209,13 +215,16 @@ def twins_loss(h: torch.Tensor, h_pos: torch.Tensor, h_frat: torch.Tensor,
 
 @common.fp32
 def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tensor,
-                  mask: torch.Tensor, mask_frat: torch.Tensor) -> torch.Tensor:
-    """M_i of Eq. (8) from the dropout-augmented embedding-layer outputs (N, L, d); emb and
-    emb_pos use the anchor's mask, emb_frat the fused (union) mask. Returns (N,), detached.
+                  mask: torch.Tensor) -> torch.Tensor:
+    """M_i of Eq. (8) from the dropout-augmented embedding-layer outputs (N, L, d), all three
+    pooled over the same tokens, the anchor's (`mask`, (N, L)). Returns (N,), detached.
     NOTE(ours): the paper gives no pooling for sim(emb_i, emb_i^+); we take the masked mean
-    over tokens, then cosine. Detached: M_i is a target, not a path for gradient."""
-    mean = common.masked_mean
-    e, e_pos, e_frat = mean(emb, mask), mean(emb_pos, mask), mean(emb_frat, mask_frat)  # (N, d) x3
+    over tokens, then cosine. Detached: M_i is a target, not a path for gradient.
+    NOTE(ours): the same tokens for the three views, so that M_i measures the two augmentations
+    (dropout, fusion) and nothing else. Pooling emb^- over the fused input's (union) mask would
+    average in the English side's [PAD] embeddings wherever the German is the longer (98% of
+    Multi30k's rows): M_i then measures padding (about 0.85 on all-MiniLM-L6-v2, 0.02 without)."""
+    e, e_pos, e_frat = (common.masked_mean(x, mask) for x in (emb, emb_pos, emb_frat))  # (N, d) x3
     s_pos = F.cosine_similarity(e, e_pos, dim=-1)                            # (N,)  sim(emb_i, emb_i^+)
     s_frat = F.cosine_similarity(e, e_frat, dim=-1)                          # (N,)  sim(emb_i, emb_i^-)
     # Eq. (8): M_i = e^{sim(emb_i, emb_i^+)} - e^{sim(emb_i, emb_i^-)}
@@ -345,11 +354,10 @@ class IFCL(nn.Module):
             z = self.f_theta(emb, torch.cat([x["attention_mask"]] * 2))     # (2N, d)
             h, h_pos = (common.gather(t) for t in z.split(n))               # (N, d) x2
         else:
-            z, emb, mask, mask_frat = self.three_views(batch)                # (3N, d), (3N, L, d)
+            z, emb, mask, _ = self.three_views(batch)                        # (3N, d), (3N, L, d), (N, L)
             h, h_pos, h_frat = (common.gather(t) for t in z.split(n))        # (N, d) x3
             if a.margin == "computed":
-                margin = common.gather(innate_margin(emb[:n], emb[n:2 * n], emb[2 * n:],
-                                                     mask, mask_frat))       # (N,)
+                margin = common.gather(innate_margin(emb[:n], emb[n:2 * n], emb[2 * n:], mask))  # (N,)
             else:
                 margin = torch.full((h.shape[0],), fixed_margin(a.omega_a, a.omega_b),
                                     device=h.device)                         # (N,)
@@ -517,8 +525,8 @@ def main(argv: list[str] | None = None) -> dict:
         data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache,
                                        desc="tokenizing fraternal")
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
-    # Table 1 caption: [CLS] in training, the mean of the last layer for evaluation and saving
-    return common.train(args, model, data, tokenizer, "avg", paper_rows=PAPER_ROWS)
+    # Table 1 caption: [CLS] in training, the mean of the last layer (--pooler avg) for evaluation
+    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

@@ -128,21 +128,49 @@ def test_twins_loss_matches_loop():
 
 
 def test_innate_margin_matches_loop():
+    """Eq. (8)'s M_i = e^{sim(emb_i, emb_i^+)} - e^{sim(emb_i, emb_i^-)}, each emb the mean of the
+    row's own tokens (the anchor's: the three views are one sentence), written per row."""
     g = torch.Generator().manual_seed(5)
     N, L, d = 4, 6, 5
     emb, emb_pos, emb_frat = (torch.randn(N, L, d, generator=g, dtype=torch.float64) for _ in range(3))
-    lengths, lengths_frat = [1, 3, 6, 4], [2, 5, 6, 4]       # the fused mask is the longer one
+    lengths = [1, 3, 6, 4]                                   # a one-token row and a full row among them
     mask = torch.tensor([[int(t < n) for t in range(L)] for n in lengths])
-    mask_frat = torch.tensor([[int(t < n) for t in range(L)] for n in lengths_frat])
-    got = ifcl.innate_margin(emb, emb_pos, emb_frat, mask, mask_frat)
+    got = ifcl.innate_margin(emb, emb_pos, emb_frat, mask)
     assert got.shape == (N,) and not got.requires_grad
     for i in range(N):
-        e = sum(emb[i, t] for t in range(lengths[i])) / lengths[i]
-        ep = sum(emb_pos[i, t] for t in range(lengths[i])) / lengths[i]
-        ef = sum(emb_frat[i, t] for t in range(lengths_frat[i])) / lengths_frat[i]
+        e, ep, ef = (sum(x[i, t] for t in range(lengths[i])) / lengths[i] for x in (emb, emb_pos, emb_frat))
         assert float(got[i]) == pytest.approx(math.exp(cos(e, ep)) - math.exp(cos(e, ef)), rel=1e-6)
+    # what lies past a row's tokens (padding, the longer German side's positions) counts for nothing
+    changed = emb_frat.clone()
+    changed[mask == 0] = torch.randn(int((mask == 0).sum()), d, generator=g, dtype=torch.float64)
+    assert torch.equal(ifcl.innate_margin(emb, emb_pos, changed, mask), got)
+    # ties: three identical views have no margin; the fraternal view as close as the identical one too
+    assert torch.equal(ifcl.innate_margin(emb, emb, emb, mask), torch.zeros(N, dtype=torch.float64))
+    assert torch.allclose(ifcl.innate_margin(emb, emb_pos, emb_pos, mask), torch.zeros(N).double())
     # detached even when the inputs carry gradient
-    assert not ifcl.innate_margin(emb.requires_grad_(), emb_pos, emb_frat, mask, mask_frat).requires_grad
+    assert not ifcl.innate_margin(emb.requires_grad_(), emb_pos, emb_frat, mask).requires_grad
+
+
+@pytest.mark.parametrize("fuse", ["layer", "word"])
+def test_the_models_margin_reads_the_anchors_tokens_only(fuse):
+    """In the model: the German side padded out past the English sentence (the union mask grows)
+    leaves M_i as it was; with eps = 1 and dropout off the three views are one, and M_i = 0."""
+    enc, enc_f = tiny_encoder(dropout=0.0, seed=7), tiny_encoder(vocab=60, dropout=0.0, seed=8)
+    x = ids_batch([3, 5, 2, 4], seed=5)
+    short = ids_batch([3, 5, 2, 4], vocab=60, seed=6)             # as long as the English rows
+    longer = ids_batch([6, 7, 5, 7], vocab=60, seed=7)            # the same rows, German tokens past them
+    for i, n in enumerate([3, 5, 2, 4]):
+        longer["input_ids"][i, :n] = short["input_ids"][i, :n]
+
+    def margin(eps, xf):
+        model = ifcl.IFCL(copy.deepcopy(enc), copy.deepcopy(enc_f).embeddings, make_args(fuse=fuse, eps=eps),
+                          0, 0).eval()                            # eval: no dropout
+        with torch.no_grad():
+            return model({"text": x, "frat": xf})[1]["margin"]
+    m_short, m_longer = margin(0.9, short), margin(0.9, longer)
+    assert float(m_short) != pytest.approx(0, abs=1e-4)          # the fusion makes a margin
+    assert float(m_longer) == pytest.approx(float(m_short), abs=1e-6)
+    assert float(margin(1.0, longer)) == pytest.approx(0, abs=1e-6)
 
 
 def test_fixed_margin():
@@ -367,11 +395,11 @@ def test_three_views_and_loss_match_a_per_row_reference(fuse):
     with torch.no_grad():
         h, h_pos, h_frat, emb, emb_pos, emb_frat = per_row_reference(
             stock, enc_f.embeddings, model.mlp, batch["text"], batch["frat"], 0.9, fuse)
-        z, emb3, mask, mask_frat = model.three_views(batch)
+        z, emb3, mask, _ = model.three_views(batch)
     assert torch.allclose(z, torch.cat([h, h_pos, h_frat]), atol=1e-5)
     assert torch.allclose(emb3, torch.cat([emb, emb_pos, emb_frat]), atol=1e-5)
     loss, terms = model(batch)                                           # step 0: the queue is empty
-    margin = ifcl.innate_margin(emb, emb_pos, emb_frat, mask, mask_frat)
+    margin = ifcl.innate_margin(emb, emb_pos, emb_frat, mask)
     want = (ifcl.identical_loss(h, h_pos, torch.zeros(0, 16), torch.zeros(0), TAU)
             + ifcl.fraternal_loss(h, h_frat, TAU) + ifcl.twins_loss(h, h_pos, h_frat, margin))
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
@@ -699,6 +727,35 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     ours = common.make_encode(enc, tok, "avg")(sents)               # mean of the last layer
     st = SentenceTransformer(str(best), device="cpu").encode(sents, convert_to_numpy=True)
     assert abs(ours - st).max() < 1e-5
+
+
+def test_pooler_cls_reads_and_keeps_the_cls_the_loss_trains(tmp_path, tiny_bert, tiny_mbert, parallel,
+                                                            small_sts, capsys):
+    """--pooler cls_before_pooler (the testbed's reading): every evaluation, the choice of best/ and
+    the saved model read raw [CLS]; the paper's mean pooling stays the default, and its rows are
+    not claimed for a [CLS] run."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+    assert ifcl.Args().pooler == "avg"
+    run = tmp_path / "run"
+    ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert),
+               "--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
+               "--sts_dir", str(small_sts), "--output_dir", str(run), "--max_steps", "4", "--eval_every", "2",
+               "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(tmp_path / "cache"),
+               "--pooler", "cls_before_pooler"])
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note.startswith("note: the paper reports no row for") and note.endswith("--pooler cls_before_pooler")
+    best = run / "best"
+    assert json.loads((best / "test_metrics.json").read_text())["pooler"] == "cls_before_pooler"
+    recorded = json.loads((best / "dev_metrics.json").read_text())["stsb_dev"]
+    again = common.evaluate_encoder(str(best), "cls_before_pooler", small_sts, split="dev")
+    assert again["STSBenchmark"]["spearman"] == pytest.approx(recorded, abs=1e-6)
+    enc, tok = AutoModel.from_pretrained(best, dtype=torch.float32), AutoTokenizer.from_pretrained(best)
+    sents = ["A man is playing a guitar.", "a dog"]
+    ours = common.make_encode(enc, tok, "cls_before_pooler")(sents)
+    st = SentenceTransformer(str(best), device="cpu").encode(sents, convert_to_numpy=True)
+    assert abs(ours - st).max() < 1e-5
+    assert abs(common.make_encode(enc, tok, "avg")(sents) - st).max() > 1e-3
 
 
 def test_end_to_end_prints_and_stores_the_rows_its_flags_select(tmp_path, tiny_bert, tiny_mbert, small_sts,
