@@ -254,11 +254,15 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
 
 
 class MLP(nn.Module):
-    """SimCSE's MLP over [CLS]: Linear(d, d) + Tanh, the shape of BERT's own pooler."""
+    """SimCSE's MLP over [CLS]: Linear(d, d) + Tanh, the shape of BERT's own pooler. Initialised as
+    in the official SimCSE and Focal-InfoNCE code, whose cl_init() runs BERT's init_weights() over
+    it: weights from N(0, 0.02^2), bias 0 (not PyTorch's default uniform)."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, std: float = 0.02):
         super().__init__()
         self.dense = nn.Linear(d, d)
+        nn.init.normal_(self.dense.weight, mean=0.0, std=std)               # BERT's initializer_range
+        nn.init.zeros_(self.dense.bias)
         self.activation = nn.Tanh()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

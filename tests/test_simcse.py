@@ -92,6 +92,20 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def test_the_mlp_starts_as_the_official_codes():
+    """common.MLP as SimCSE's cl_init() leaves it (BERT's init_weights): weights N(0, 0.02^2), bias 0;
+    PyTorch's default (uniform, bound 1/sqrt(d), std 0.018 at d = 768) has a non-zero bias."""
+    torch.manual_seed(0)
+    mlp = common.MLP(768)
+    w = mlp.dense.weight.detach().double()
+    assert torch.equal(mlp.dense.bias, torch.zeros(768))
+    assert float(w.mean()) == pytest.approx(0, abs=1e-3) and float(w.std()) == pytest.approx(0.02, rel=0.01)
+    # normal, not uniform: a uniform law of std 0.02 never reaches 3 std (its bound is sqrt(3) std)
+    assert float(w.abs().max()) > 3 * 0.02
+    x = torch.randn(5, 768)
+    assert torch.allclose(mlp(x), torch.tanh(x @ mlp.dense.weight.T))
+
+
 def test_unsupervised_end_to_end(tmp_path, tiny_bert, corpus, small_sts, cache_dir):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
