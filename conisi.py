@@ -34,7 +34,8 @@ Measured numbers and the paper's rows: docs/conisi.md (the MiniLM testbed).
 
 The mechanism at work, in metrics.jsonl: Eq. (8) trains f to tell Y_i from Z_i, so acc_interactive
 (the share of pairs with r_i^Y > r_i^Z) should rise from about 0.5 towards 1 and loss_interactive
-(Eq. 9) fall below log 2; loss_contrastive (Eq. 4) is logged too, and alone at --lam 0 (no Z).
+(Eq. 9) fall below log 2; share_interactive is lam * loss_interactive / loss, its part of Eq. (10);
+loss_contrastive (Eq. 4) is logged too, and alone at --lam 0 (no Z).
 
 BatchNorm, our reading (the paper never says which rows form a BatchNorm batch): --bn joint,
 the default, normalises x as one batch of N and Y with Z (encoder 2's one pass) as one of 2N;
@@ -423,6 +424,8 @@ class ConIsI(nn.Module):
             stats = {"loss_contrastive": contrastive_loss(h_x, h_Y, self.tau),
                      "loss_interactive": interactive_loss(r_Y, r_Z),
                      "acc_interactive": interactive_accuracy(r_Y, r_Z)}
+            # the interactive term's share of Eq. (10)'s loss: near 0, lam only rescales Eq. (4)
+            stats["share_interactive"] = self.lam * stats["loss_interactive"] / loss.detach()   # ()
         return loss, stats
 
 

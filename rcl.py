@@ -94,7 +94,10 @@ class Args(common.TrainArgs):
                           "resolved before args.json is written)", "paper App. A", ge=0)
     resume: bool = arg(False, "continue the run in --output_dir: finished entropy models are reused")
     phi: list[float] = arg([0.01, 0.02, 0.03, 0.04], "entropy weight of each entropy model, one "
-                           "model per value (negative values allowed, Algorithm 1)", "paper App. A")
+                           "model per value (negative values allowed, Algorithm 1); a value given twice "
+                           "regulates twice with its one model (--phi 0 0: the control of a two-model run "
+                           "with the entropy term off, so that only self-distillation is left)",
+                           "paper App. A")
     tau: float = arg(0.05, "temperature of every term of Eq. (2) and Eq. (3)", "ours", gt=0,
                      note="The paper's equations have no temperature; ours is 0.05 (SimCSE's).")
     patience: int = arg(3, "stop an entropy model once its mean training loss has not decreased for "
@@ -123,9 +126,6 @@ class Args(common.TrainArgs):
             self.eval_every = max(1, data_rows // self.batch_size // 10)
 
     def rules(self) -> None:
-        if len({f"{p:g}" for p in self.phi}) != len(self.phi):
-            raise UserError(f"--phi {' '.join(map(str, self.phi))}: each value trains one entropy "
-                            f"model; give every value once.")
         if (self.final_hard_negatives and Path(self.data).is_file()
                 and "hard_neg" not in common.load_columns(self.data)):
             raise UserError(f"--final_hard_negatives: --data {self.data} has no hard_neg column. Give a CSV "
@@ -271,7 +271,10 @@ class EntropyModel(nn.Module):
 
     def forward(self, batch: dict):
         q, ind = query_index(self.encoder, self.pooler, batch)                # (N, d), (M, d)
-        return entropy_loss(q, ind, self.phi, self.tau), {"entropy": row_entropy(q, ind, self.tau)}
+        entropy = row_entropy(q, ind, self.tau)                               # ()
+        # for the log: phi * H, the part of Eq. (2) that is not SimCSE's, beside the loss
+        stats = {"entropy": entropy, "phi_entropy": self.phi * entropy}       # (), ()
+        return entropy_loss(q, ind, self.phi, self.tau), stats
 
 
 class RCL(nn.Module):
@@ -281,7 +284,7 @@ class RCL(nn.Module):
                  phis: list[float] | None = None):
         super().__init__()
         self.encoder, self.pooler, self.tau = encoder, pooler, tau
-        self.phis = phis if phis is not None else list(range(len(entropy_encoders)))  # log names
+        self.names = regulator_names(phis if phis is not None else list(range(len(entropy_encoders))))
         # A plain list on purpose: not submodules, so they stay out of state_dict (the
         # checkpoint keeps one model; they are reloaded from entropy_phi*/end or best), out of the
         # optimizer and DDP, and model.train() cannot switch their dropout on.
@@ -310,9 +313,17 @@ class RCL(nn.Module):
         with torch.no_grad():      # for the log: each term of Eq. (3) apart
             stats = {"contrastive": contrastive_loss(q, ind, self.tau)}       # ()
             stats["regulators"] = loss.detach() - stats["contrastive"]        # ()
-            for phi, (t_q, t_ind) in zip(self.phis, regulator_terms(q, ind, aug_q, aug_ind, self.tau)):
-                stats[f"reg_q_phi{phi:g}"], stats[f"reg_ind_phi{phi:g}"] = t_q, t_ind   # (), ()
+            for name, (t_q, t_ind) in zip(self.names, regulator_terms(q, ind, aug_q, aug_ind, self.tau)):
+                stats[f"reg_q_{name}"], stats[f"reg_ind_{name}"] = t_q, t_ind    # (), ()
         return loss, stats
+
+
+def regulator_names(phis: list[float]) -> list[str]:
+    """The log's name of each entropy model's regulators: phi0.01, ...; a value given twice
+    (--phi 0 0) is phi0 then phi0_2."""
+    names = [f"phi{phi:g}" for phi in phis]
+    return [name if k == 0 else f"{name}_{k + 1}" for name, k in
+            ((name, names[:i].count(name)) for i, name in enumerate(names))]
 
 
 # =====================================================================================
@@ -331,8 +342,8 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
     """Stage 1: one entropy model per phi, each from the original checkpoint; one finished earlier
     (with the same settings) is reused, not retrained. Prints the summary of all of them. Returns
     the folders of the weights that regulate (end/ or best/, --regulate_with)."""
-    folders, summaries, start_figures = [], [], {}
-    for phi in args.phi:
+    folders, summaries, start_figures = {}, [], {}
+    for phi in dict.fromkeys(args.phi):     # a value given twice: one model, which regulates twice
         stage = Stage(args.output_dir, f"entropy_phi{phi:g}", trained_with(args, phi))
         summary = stage.finished()
         if summary is None:
@@ -344,11 +355,11 @@ def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
         elif common.world()[0] == 0:
             print(f"entropy model phi={phi:g}: reusing {stage.path / args.regulate_with} "
                   f"({where_stopped(summary)}, best STS-B dev {summary['best_dev']:.2f})")
-        folders.append(stage.path / args.regulate_with)
+        folders[phi] = stage.path / args.regulate_with
         summaries.append(summary)
     if common.world()[0] == 0:
         print(summary_table(summaries, args.regulate_with))
-    return folders
+    return [folders[phi] for phi in args.phi]
 
 
 def train_entropy_model(args: Args, phi: float, stage: Stage, data: dict, device: torch.device,
@@ -417,7 +428,8 @@ def train_final(args: Args, data: dict, folders: list[Path], device: torch.devic
     entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
     common.seed_everything(args.seed)
     tokenizer, encoder = common.load_encoder(args.model)
-    regulators = [load_frozen(d, device) for d in folders]
+    loaded = {d: load_frozen(d, device) for d in dict.fromkeys(folders)}   # a model given twice: loaded once
+    regulators = [loaded[d] for d in folders]
     model = RCL(encoder, args.pooler, args.tau, regulators, args.phi).to(device)
     # App. A: the final model sees "the positive instances and entailment instances"
     data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}

@@ -457,9 +457,11 @@ def test_forward_gives_every_parameter_a_gradient(reading, tiny_model, tiny_tok)
     batch = {"text": _batch(tiny_tok, SENTS, 16)}
     loss, stats = m(batch)
     assert loss.shape == () and torch.isfinite(loss)
-    assert set(stats) == {"loss_contrastive", "loss_interactive", "acc_interactive"}
+    assert set(stats) == {"loss_contrastive", "loss_interactive", "acc_interactive", "share_interactive"}
     assert float(loss.detach()) == pytest.approx(0.2 * float(stats["loss_contrastive"])
                                         + 0.8 * float(stats["loss_interactive"]), rel=1e-5)
+    assert float(stats["share_interactive"]) == pytest.approx(0.8 * float(stats["loss_interactive"])
+                                                              / float(loss.detach()), rel=1e-6)
     loss.backward()
     names = [n for n, p in m.named_parameters() if p.grad is None and "encoder.pooler" not in n]
     assert names == []

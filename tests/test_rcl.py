@@ -539,6 +539,36 @@ def test_end_to_end_text(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
     _check_best_loads(out / "best", "cls_before_pooler")
 
 
+def test_a_phi_given_twice_trains_one_model_that_regulates_twice(tiny_bert, small_sts, corpus, tmp_path,
+                                                                 cache_dir):
+    """--phi 0 0, the control of a two-model run with the entropy term off: one phi = 0 entropy
+    model, trained once, whose two regulator pairs are logged apart and are the same figure; the
+    entropy model logs phi * H (0 here) beside its loss."""
+    out = tmp_path / "run"
+    flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", str(corpus), "--pooler",
+                                                                 "cls_before_pooler", "--eval_every", "3"])
+    at = flags.index("--phi")
+    rcl.main(flags[:at + 1] + ["0", "0"] + flags[at + 3:])
+    assert sorted(p.name for p in out.glob("entropy_phi*")) == ["entropy_phi0"]
+    stage = [r for r in _records(out / "entropy_phi0" / "metrics.jsonl") if "loss" in r]
+    assert stage and all(r["phi_entropy"] == 0 and r["entropy"] > 0 for r in stage)
+    final = [r for r in _records(out / "metrics.jsonl") if "loss" in r]
+    assert final and all(r["reg_q_phi0"] == r["reg_q_phi0_2"] and r["reg_ind_phi0"] == r["reg_ind_phi0_2"]
+                         for r in final)
+    assert all(r["regulators"] == pytest.approx(2 * (r["reg_q_phi0"] + r["reg_ind_phi0"]), rel=1e-5)
+               for r in final)
+    assert rcl.regulator_names([0, 0.01, 0, 0.01, 0]) == ["phi0", "phi0.01", "phi0_2", "phi0.01_2", "phi0_3"]
+
+
+def test_an_entropy_model_logs_phi_times_its_row_entropy(tiny_bert, corpus):
+    tokenizer, encoder = common.load_encoder(str(tiny_bert))
+    data = {"text": common.tokenize(tokenizer, common.read_sentences(corpus)[:8], 16)}
+    batch = common.device_batch(data, np.arange(8), None, torch.device("cpu"))
+    _, stats = rcl.EntropyModel(encoder, "cls_before_pooler", 0.04, 0.05).train()(batch)
+    assert float(stats["phi_entropy"]) == pytest.approx(0.04 * float(stats["entropy"]), rel=1e-6)
+    assert float(stats["entropy"]) > 0
+
+
 @pytest.mark.parametrize("what", ["end", run_folder.DONE])
 def test_an_entropy_model_that_cannot_be_written_ends_in_one_line_and_resume_finishes(
         what, tiny_bert, small_sts, corpus, tmp_path, cache_dir, monkeypatch, capsys):
@@ -648,8 +678,6 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, nli_csv, tmp_path, 
 
 def test_bad_flags(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir):
     base = ["--model", str(tiny_bert), "--sts_dir", str(small_sts), "--cache_dir", str(cache_dir)]
-    with pytest.raises(common.UserError, match="--phi"):
-        rcl.main(base + ["--output_dir", str(tmp_path / "a"), "--phi", "0.01", "0.01"])
     with pytest.raises(common.UserError, match="--tau"):
         rcl.main(base + ["--output_dir", str(tmp_path / "b"), "--tau", "0"])
     with pytest.raises(common.UserError, match="--data"):
