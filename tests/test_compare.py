@@ -176,6 +176,51 @@ def test_command_prints_table_and_writes_markdown(runs, tmp_path, capsys):
         in md.read_text()
 
 
+def _log_training(folder: Path, records: list[dict]) -> None:
+    """Append training records (step, lr and the given figures) to a run's metrics.jsonl."""
+    with open(folder / "metrics.jsonl", "a") as f:
+        for r in records:
+            f.write(json.dumps({"loss": 1.0, "lr": 1e-5, "epoch": 0, **r}) + "\n")
+
+
+def test_the_mechanism_table_shows_each_methods_own_figures_at_the_start_and_the_end(tmp_path, capsys):
+    """IFCL's margin and twins gap, RCL's regulators and each entropy model's phi * H: the first and
+    the last training record, mean ± std over the seeds; SimCSE has no such figure (no line)."""
+    base = [60.0, 70.0, 65.0, 75.0, 72.0, 74.0, 68.0]
+    ifcl_args = {**SIMCSE_ARGS, "no_twins": False}
+    runs = []
+    for seed, (m0, m1) in [(1, (0.02, 0.03)), (2, (0.04, 0.05))]:
+        r = make_run(tmp_path / f"ifcl-s{seed}", {**ifcl_args, "seed": seed}, base, "ifcl.py", curve=())
+        _log_training(r, [{"step": 10, "margin": m0, "twins_gap": 0.5}, {"step": 20, "margin": 0.0},
+                          {"step": 40, "margin": m1, "twins_gap": 0.1}, {"step": 30, "margin": 9.0}])
+        runs.append(r)
+    rcl_run = make_run(tmp_path / "rcl", {**SIMCSE_ARGS, "phi": [0.01]}, base, script="rcl.py", curve=())
+    _log_training(rcl_run, [{"step": 10, "contrastive": 2.0, "regulators": 4.0},
+                            {"step": 20, "contrastive": 1.0, "regulators": 0.5}])
+    stage = rcl_run / "entropy_phi0.01"
+    stage.mkdir()
+    _log_training(stage, [{"step": 5, "phi_entropy": 0.0004, "entropy": 0.04},
+                          {"step": 10, "phi_entropy": 0.0002, "entropy": 0.02}])
+    simcse_run = make_run(tmp_path / "simcse", SIMCSE_ARGS, base)
+    md = tmp_path / "t.md"
+    compare([*runs, rcl_run, simcse_run, "--markdown", md])
+    out = capsys.readouterr().out
+    rows = {(r["label"].split()[0], r["figure"]): r for r in tool.mechanism_rows(
+        tool.group_runs([tool.read_run(p) for p in (*runs, rcl_run, simcse_run)]))}
+    # the last record is step 40's, whatever the order of the lines
+    margin = rows["ifcl.py", "margin"]
+    assert (margin["start"], margin["end"]) == ("0.03 ± 0.014", "0.04 ± 0.014")
+    assert margin["steps"] == "1-10 -> 31-40"
+    assert rows["ifcl.py", "twins_gap"]["start"] == "0.5 ± 0"
+    assert rows["rcl.py", "regulators"]["start"] == "4" and rows["rcl.py", "regulators"]["end"] == "0.5"
+    assert rows["rcl.py", "entropy_phi0.01: phi_entropy"]["end"] == "0.0002"
+    assert rows["rcl.py", "entropy_phi0.01: loss"]["steps"] == "1-5 -> 6-10"
+    assert not [k for k in rows if k[0] == "simcse.py"]
+    assert "entropy_phi0.01: phi_entropy" in out and "0.03 ± 0.014" in out
+    text = md.read_text()
+    assert "| run | figure | start | end | steps |" in text and "| ifcl.py" in text
+
+
 # ------------------------------------------------------------------------ bad input
 
 def test_bad_inputs_name_the_folder_and_what_to_do(runs, tmp_path, capsys):

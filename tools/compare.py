@@ -13,6 +13,13 @@ tell it apart from the other rows, and in brackets the pooler of its final evalu
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
 
+Below the table, a second one shows what each method's own part did: the figures its script
+logs of its mechanism (MECHANISM below: IFCL's innate margin and twins gap, Focal-InfoNCE's
+modulated similarities, ConIsI's interactive accuracy and share of the loss, RCL's phi * H beside
+each entropy model's loss and its regulators beside the contrastive term), from the first and the
+last training record of metrics.jsonl, mean ± std over the seeds. A mechanism that never engaged,
+or that a term of the loss drowns, shows there whatever the STS figures say.
+
 --plot FILE draws two panels side by side, one colour a configuration in both: each run's STS-B
 dev curve over the steps, and SimCSE's Fig. 2 (Gao et al. 2021): l_align (y) against l_uniform (x),
 lower is better for both, on STS-B test as the log records them at each evaluation; one
@@ -217,6 +224,87 @@ def format_markdown(table: dict, command: str) -> str:
     return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
 
 
+# What each method's own part acts on, as its script logs it in every training record of
+# metrics.jsonl (a script not named here has no figure of its own: SimCSE's dropout shows in Fig. 2)
+MECHANISM = {
+    "ifcl.py": ("margin", "twins_gap", "cos_identical", "cos_fraternal", "l_twins", "l_fraternal"),
+    "focal_infonce.py": ("s_p", "s_n", "hard_frac"),
+    "conisi.py": ("acc_interactive", "loss_interactive", "share_interactive"),
+    "rcl.py": ("contrastive", "regulators"),
+}
+# rcl.py's entropy models, each in an entropy_phi<phi>/ folder of the run: Eq. (2)'s phi * H beside
+# the loss it is part of
+STAGE_MECHANISM = ("loss", "phi_entropy", "entropy")
+
+
+def training_records(folder: Path) -> list[dict]:
+    """The training records of a run's metrics.jsonl (those with a learning rate), in step order; a
+    step logged twice (as after a --resume) keeps its last record; a line cut short is skipped."""
+    by_step, path = {}, folder / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+            if isinstance(record, dict) and "lr" in record:
+                by_step[int(record["step"])] = record
+        except (ValueError, KeyError, TypeError):
+            continue
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _steps(records: list[dict], i: int) -> str:
+    """The steps record i's means cover: from the step after the record before it."""
+    return f"{records[i - 1]['step'] + 1 if i > 0 else 1}-{records[i]['step']}"
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.4g}"
+    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.2g}"
+
+
+def mechanism_rows(groups: list[dict]) -> list[dict]:
+    """[{"label", "figure", "start", "end", "steps"}]: for every finished group of a script in
+    MECHANISM, each of its figures in the first and in the last training record, mean ± std over
+    the group's runs (and, for RCL, each entropy model's STAGE_MECHANISM figures)."""
+    rows = []
+    for g in (g for g in groups if g["finished"] and g["runs"][0]["script"] in MECHANISM):
+        parts = [("", Path(), MECHANISM[g["runs"][0]["script"]])]
+        parts += [(f"{d.name}: ", Path(d.name), STAGE_MECHANISM)
+                  for d in sorted(g["runs"][0]["path"].glob("entropy_phi*")) if d.is_dir()]
+        for prefix, sub, keys in parts:
+            logs = [training_records(r["path"] / sub) for r in g["runs"]]
+            if not all(logs):
+                continue
+            for key in keys:
+                if not all(key in log[0] and key in log[-1] for log in logs):
+                    continue
+                rows.append({"label": g["label"], "figure": prefix + key,
+                             "start": _mean_std([log[0][key] for log in logs]),
+                             "end": _mean_std([log[-1][key] for log in logs]),
+                             "steps": f"{_steps(logs[0], 0)} -> {_steps(logs[0], len(logs[0]) - 1)}"})
+    return rows
+
+
+MECHANISM_NOTE = ("The mechanism's own figures, as metrics.jsonl logs them: the first training record "
+                  "(the mean over its steps) and the last; n seeds: mean ± sample std.")
+
+
+def format_mechanism(rows: list[dict], markdown: bool = False) -> str:
+    """The mechanism table: one line a figure of a row."""
+    head = ["run", "figure", "start", "end", "steps"]
+    cells = [[r[k] for k in head[1:]] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join([r["label"].replace("|", "\\|"), *c]) + " |" for r, c in zip(rows, cells)]
+        return "\n".join(lines) + f"\n\n{MECHANISM_NOTE}\n"
+    widths = [max(len(x) for x in [h] + [c[i] for c in cells]) for i, h in enumerate(head[1:])]
+    lw = max([3] + [len(r["label"]) for r in rows])
+    lines = [f"{'run':{lw}s}  " + "  ".join(f"{h:>{w}s}" for h, w in zip(head[1:], widths))]
+    lines += [f"{r['label']:{lw}s}  " + "  ".join(f"{c:>{w}s}" for c, w in zip(cs, widths))
+              for r, cs in zip(rows, cells)]
+    return "\n".join(lines + [MECHANISM_NOTE])
+
+
 def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
     """The evaluation records of a run's metrics.jsonl that hold every one of `keys`, in training
     order (by step; a step logged twice, as after a --resume, keeps its last record): (steps,
@@ -395,8 +483,11 @@ def main(argv: list[str] | None = None) -> None:
                      **common.alignment_uniformity(encode, args.sts_dir)}
             print(f"{label}: alignment {start['alignment']:.3f} / uniformity {start['uniformity']:.3f} "
                   f"on STS-B test (the star in the second panel)", file=sys.stderr)
+    mechanism = mechanism_rows(groups)
     if table is not None:
         print(format_compare(table))
+        if mechanism:
+            print("\n" + format_mechanism(mechanism))
         for g in (g for g in groups if g["finished"]):   # which folders (and seeds) each row is made of
             seeds = [r["args"].get("seed") for r in g["runs"]]
             print(f"  {g['label']}: " + ", ".join(f"{r['path']} (seed {s})" for r, s in zip(g["runs"], seeds))
@@ -404,7 +495,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             command = " ".join(["python tools/compare.py"] + [shlex.quote(x) for x in argv])
-            Path(args.markdown).write_text(format_markdown(table, command), encoding="utf-8")
+            text = format_markdown(table, command)
+            if mechanism:
+                text += "\n" + format_mechanism(mechanism, markdown=True)
+            Path(args.markdown).write_text(text, encoding="utf-8")
             print(f"Markdown table: {args.markdown}", file=sys.stderr)
     if args.plot:
         both = plot_runs(groups, args.plot, start)
