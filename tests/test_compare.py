@@ -221,6 +221,42 @@ def test_the_mechanism_table_shows_each_methods_own_figures_at_the_start_and_the
     assert "| run | figure | start | end | steps |" in text and "| ifcl.py" in text
 
 
+def test_a_folder_of_runs_stands_for_every_run_under_it(tmp_path, capsys):
+    """runs/simcse, where the default --output_dir puts each run: its runs, in name order; a run
+    folder's own best/ and entropy_phi*/ are not runs; an empty folder is still refused."""
+    base = [60.0, 70.0, 65.0, 75.0, 72.0, 74.0, 68.0]
+    make_run(tmp_path / "runs" / "simcse" / "default", SIMCSE_ARGS, base)
+    make_run(tmp_path / "runs" / "simcse" / "tau0.1", {**SIMCSE_ARGS, "tau": 0.1}, base)
+    rcl_run = make_run(tmp_path / "runs" / "rcl" / "default", {**SIMCSE_ARGS, "phi": [0.01]}, base, "rcl.py")
+    make_run(rcl_run / "entropy_phi0.01", None, None, script=None)
+    (tmp_path / "runs" / "simcse" / ".tmp").mkdir()
+    assert tool.run_folders(tmp_path / "runs") == [rcl_run, tmp_path / "runs" / "simcse" / "default",
+                                                   tmp_path / "runs" / "simcse" / "tau0.1"]
+    assert tool.run_folders(rcl_run) == [rcl_run]
+    compare([tmp_path / "runs" / "simcse", tmp_path / "runs" / "rcl"])
+    out = capsys.readouterr().out
+    assert "simcse.py tau=0.05" in out and "simcse.py tau=0.1" in out and "rcl.py" in out
+    (tmp_path / "nothing" / "inside").mkdir(parents=True)
+    assert f"{tmp_path / 'nothing'}: not a run folder" in error_of([tmp_path / "nothing"], capsys)
+
+
+def test_the_docstrings_examples_run(tmp_path, monkeypatch, capsys):
+    """The commands at the top of tools/compare.py, verbatim, in a folder that holds such runs
+    (the one with --baseline needs the hub: its flags are checked by the other tests)."""
+    base = [60.0, 70.0, 65.0, 75.0, 72.0, 74.0, 68.0]
+    for name, args in [("runs/simcse/default", SIMCSE_ARGS), ("runs/focal_infonce/default", FOCAL_ARGS),
+                       ("runs/simcse-s1", {**SIMCSE_ARGS, "seed": 1}),
+                       ("runs/simcse-s2", {**SIMCSE_ARGS, "seed": 2}), ("runs/focal", FOCAL_ARGS)]:
+        make_run(tmp_path / name, args, base, "focal_infonce.py" if "focal" in name else "simcse.py")
+    monkeypatch.chdir(tmp_path)
+    examples = [line.split("#")[0].split()[2:] for line in tool.__doc__.splitlines()
+                if line.strip().startswith("python tools/compare.py") and not line.rstrip().endswith("\\")]
+    assert len(examples) == 2
+    for argv in examples:
+        compare(argv)
+    assert (tmp_path / "table.md").is_file() and (tmp_path / "dev.png").is_file()
+
+
 # ------------------------------------------------------------------------ bad input
 
 def test_bad_inputs_name_the_folder_and_what_to_do(runs, tmp_path, capsys):

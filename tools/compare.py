@@ -1,8 +1,12 @@
 r"""Finished runs side by side: the 7 STS tasks and their average, one row a configuration.
 
+    python tools/compare.py runs/simcse runs/focal_infonce     # every run under these folders
     python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
     python tools/compare.py runs/tb/simcse-s* --baseline sentence-transformers/all-MiniLM-L6-v2 \
         --pooler cls_before_pooler --sts_dir data/sts
+
+A folder that holds runs rather than being one (runs/simcse, where a script's default --output_dir
+puts each run) stands for every run folder under it.
 
 Runs whose args.json agree on everything but --seed and the flags that say where and how a
 run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
@@ -83,6 +87,23 @@ def result_tasks(res: dict) -> list[str]:
     return [t for t in STS_TASKS if t in got] + sorted(t for t in got if t not in STS_TASKS)
 
 
+def is_run_folder(p: Path) -> bool:
+    return (p / "args.json").is_file() or (p / "metrics.jsonl").is_file()
+
+
+def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
+    """`folder` itself if it is a run folder; else every run folder under it (up to `depth` levels,
+    in name order: runs/simcse holds runs/simcse/default, runs/simcse/tau0.1, ...); else [folder],
+    which read_run then refuses with what to pass. A run folder's own subfolders (best/, RCL's
+    entropy_phi*/) are not runs of their own."""
+    p = Path(folder)
+    if not p.is_dir() or is_run_folder(p) or depth == 0:
+        return [p]
+    found = [r for sub in sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith("."))
+             for r in run_folders(sub, depth - 1) if is_run_folder(r)]
+    return found or [p]
+
+
 def read_run(folder: str | Path, plot: bool = False) -> dict:
     """One folder: {"path", "args" (args.json or None), "script", "test" (the 7-task result, or
     None: drawn only), "pooler"}. Anything else is a UserError that names it and what to do."""
@@ -93,8 +114,8 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     if p.name == "best" and (p.parent / "args.json").is_file():
         raise UserError(f"{p}: this is a run's checkpoint folder; pass the run folder {p.parent} instead.")
     if not args_f.is_file() and not log_f.is_file():
-        raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it). Pass the "
-                        f"--output_dir of a training run.")
+        raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it, nor in a folder "
+                        f"under it). Pass the --output_dir of a training run, or a folder that holds runs.")
     finished = args_f.is_file() and test_f.is_file()
     if not finished and not plot and not args_f.is_file():
         raise UserError(f"{p}: no args.json, so not the --output_dir of a run (RCL's entropy_phi*/ "
@@ -447,13 +468,13 @@ def main(argv: list[str] | None = None) -> None:
                         "--pooler.")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
-    seen = set()
-    for f in args.runs:
+    seen, folders = set(), [r for f in args.runs for r in run_folders(f)]
+    for f in folders:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
         seen.add(Path(f).resolve())
     # everything is read and checked before anything is written or printed
-    runs = [read_run(f, plot=bool(args.plot)) for f in args.runs]
+    runs = [read_run(f, plot=bool(args.plot)) for f in folders]
     groups = group_runs(runs)
     table = compare_table(groups) if any(g["finished"] for g in groups) else None
     if args.markdown and table is None:
