@@ -744,7 +744,8 @@ def test_pooler_cls_reads_and_keeps_the_cls_the_loss_trains(tmp_path, tiny_bert,
                "--batch_size", "8", "--queue_len", "20", "--cache_dir", str(tmp_path / "cache"),
                "--pooler", "cls_before_pooler"])
     note = capsys.readouterr().out.splitlines()[0]
-    assert note.startswith("note: the paper reports no row for") and note.endswith("--pooler cls_before_pooler")
+    assert note.startswith("note: the paper reports no row for")
+    assert note.endswith("--pooler cls_before_pooler")
     best = run / "best"
     assert json.loads((best / "test_metrics.json").read_text())["pooler"] == "cls_before_pooler"
     recorded = json.loads((best / "dev_metrics.json").read_text())["stsb_dev"]
