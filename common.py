@@ -6,7 +6,7 @@ heads, its paper's rows.
     Data             the training file, tokenised once into integer arrays, batches
     Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
     STS evaluation   evaluate_sts as SimCSE's SentEval computes it; alignment and uniformity
-    The paper's rows PaperRow, select_rows: the published rows a run's flags reproduce
+    The paper's rows PaperRow, paper_report: the published rows a run's flags reproduce
     Distributed      gather: under torchrun every loss sees the global batch
     Start-up         start: every flag and file checked before anything is written
     The loop's parts the seed, the log's running means, what an evaluation records
@@ -30,7 +30,6 @@ import copy
 import dataclasses
 import functools
 import json
-import math
 import os
 import random
 import sys
@@ -49,7 +48,8 @@ from scipy.stats import spearmanr
 from plumbing import downloads, flags, inputs
 from plumbing.command_line import run_main
 from plumbing.compiled_step import fast_forward
-from plumbing.flags import NOT_TRAINING, arg, parse_args
+from plumbing.flags import NOT_TRAINING as NOT_TRAINING
+from plumbing.flags import arg, parse_args, select_rows
 from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
 from plumbing.process import UserError, barrier, progress, world
 from plumbing.run_folder import RunFolder, open_run, write_json
@@ -530,11 +530,9 @@ def check_sts(folder: Path) -> None:
 # The paper's rows: the published figures a run's flags reproduce, printed beside its own
 # =====================================================================================
 
-# Flags no row depends on: the budget and the data, so that a short run, or one on other
-# sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
-ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
-
-
+# Which rows a run's flags reproduce is a matter of the flags: select_rows, in plumbing/flags.py
+# (the script's default model stands in for one the paper did not train; ROW_FREE: the flags no
+# row depends on, the budget and the data)
 FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 
 
@@ -558,50 +556,6 @@ class PaperRow:
     def headline(self) -> list[float]:
         """What a list of rows shows of this one (the docs' tables): the 7-task average if given."""
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(a, b, rel_tol=1e-9)
-    return a == b
-
-
-def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, PaperRow]], str]:
-    """The rows `args` reproduces, each with its label, and a note ("" if none is needed). A row
-    matches when its model and data are the run's and every flag that changes training (all but
-    NOT_TRAINING, ROW_FREE and the script's row_free) has the row's value, or the default where
-    the row names none. A model the paper did not train (a testbed encoder, a local folder) is
-    compared as the script's default model, its rows so labelled. No match: the note says so."""
-    defaults = flags.defaults_of(args)
-    free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
-
-    def name_of(model: str) -> str:   # FacebookAI/roberta-base and roberta-base are one model
-        return Path(model.rstrip("/")).name.lower()
-
-    stand_in = name_of(args.model) not in {name_of(r.model or defaults.model) for r in rows}
-    model = name_of(defaults.model if stand_in else args.model)
-    csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
-    picked = []
-    for r in rows:
-        same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
-                         for f in dataclasses.fields(args) if f.name not in free)
-        if name_of(r.model or defaults.model) == model and r.data == csv_name and same_flags:
-            picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
-    if picked:
-        note = ""
-        if stand_in:
-            note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
-                    f"{defaults.model}, a reference rather than a target")
-        return picked, note
-    named = [flags.flag_text(k, v) for k, v in flags.changed_flags(args, tuple(free)).items()]
-    if model != name_of(defaults.model):
-        named.insert(0, f"--model {args.model}")
-    kinds = {r.data for r in rows}                   # "": text files; else the CSVs the rows need
-    if csv_name not in kinds or (csv_name and "" in kinds):   # data no row has, or a script's other form
-        named.insert(0, f"--data {Path(args.data).name}")
-    return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"
 
 
 def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import common
 import focal_infonce as fi
+from plumbing import flags
 
 # -------------------------------------------------------------------------------------
 # References written straight from the paper, one row at a time, in float64
@@ -227,7 +228,7 @@ def test_bad_input_errors(tmp_path, small_sts):
 
 def selected(*argv: str) -> tuple[dict[str, list[float]], str]:
     """{label: headline figures} of the rows the command's flags select, and the note."""
-    picked, note = common.select_rows(common.parse_args(fi.Args, list(argv)), fi.PAPER_ROWS)
+    picked, note = flags.select_rows(common.parse_args(fi.Args, list(argv)), fi.PAPER_ROWS)
     return {label: r.headline() for label, r in picked}, note
 
 

@@ -20,7 +20,7 @@ import common
 import ifcl
 import simcse
 from conftest import ROOT, cpu_env
-from plumbing import inputs
+from plumbing import flags, inputs
 from plumbing import translation as translate
 
 TAU = 0.05
@@ -481,7 +481,7 @@ def test_no_mlp_trains_on_raw_cls_and_queues_it():
 
 def selected(*argv: str) -> tuple[dict[str, list[float]], str]:
     """{label: headline figures} of the rows the command's flags select, and the note."""
-    picked, note = common.select_rows(common.parse_args(ifcl.Args, list(argv)), ifcl.PAPER_ROWS)
+    picked, note = flags.select_rows(common.parse_args(ifcl.Args, list(argv)), ifcl.PAPER_ROWS)
     return {label: r.headline() for label, r in picked}, note
 
 
