@@ -12,11 +12,12 @@ heads, its paper's rows.
     The loop's parts the seed, the log's running means, what an evaluation records
     The step         train_step: forward, backward, clip, AdamW, schedule
     The loop         train: batch, step, log, evaluate, checkpoint; the final report
-    The command line python common.py eval | download
 
-What keeps a run safe and fast comes from plumbing/, a module for each thing it holds: flags
-(argparse from the Args dataclasses), inputs (the files a run is given, checked; the token
-cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
+A module, not a command: `python tools/eval.py` scores a saved encoder with evaluate_sts, and
+`python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
+plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
+paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
+token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
 checkpoints, --resume, stages), atomic_writes, export (a folder transformers and
 sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
 progress bars, the one-line errors), command_line (exit statuses), interrupts (signals while a
@@ -32,7 +33,6 @@ import functools
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,11 +45,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
+# `x as x`: a name the scripts and tools take from here though common.py itself does not call it
 from plumbing import downloads, flags, inputs
-from plumbing.command_line import run_main
+from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import fast_forward
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
-from plumbing.flags import arg, parse_args, select_rows
+from plumbing.flags import arg, select_rows
+from plumbing.flags import parse_args as parse_args
 from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
 from plumbing.process import UserError, barrier, progress, world
 from plumbing.run_folder import RunFolder, open_run, write_json
@@ -336,7 +338,7 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
     """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, batches of
     similar length, truncated only to the model's positions (not the training max_len). fp32 on
     every device, as SimCSE's evaluation.py: under bf16 a run's STS-B dev and the same weights
-    evaluated again (best/, `python common.py eval`) differed by up to 0.7 on a GPU."""
+    evaluated again (best/, `python tools/eval.py`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
 
     @torch.no_grad()
@@ -520,10 +522,11 @@ def check_sts(folder: Path) -> None:
             got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
         except (OSError, ValueError, IndexError, UserError) as e:
             raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. {downloads.RETRY}")
+                            f"incomplete or corrupted. {downloads.NOT_KEPT}")
         if got != STS_PAIR_COUNTS[task]:
             raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
-                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted.")
+                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted. "
+                            f"{downloads.NOT_KEPT}")
 
 
 # =====================================================================================
@@ -817,51 +820,3 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
     write_json(best_dir / "test_metrics.json", kept)
     return res
-
-
-# =====================================================================================
-# The command line: python common.py eval | download
-# =====================================================================================
-
-@dataclass
-class EvalArgs:
-    model: str = arg("bert-base-uncased", "hub name or local folder of any Hugging Face encoder")
-    pooler: str = arg("cls_before_pooler", "how a sentence vector is read off the encoder",
-                      "SimCSE official code", choices=POOLERS)
-    sts_dir: str = arg("data/sts", "folder with STS/ and SICK/ in SentEval's layout")
-    split: str = arg("test", "test = the 7 tasks; dev = STS-B dev and SICK-R trial", choices=["test", "dev"])
-    tasks: list[str] = arg([], "a subset of tasks (default: all of the split's)")
-    batch_size: int = arg(128, "sentences per forward pass", ge=1)
-    output: str = arg("", "also write the full result as JSON here")
-
-
-@dataclass
-class DownloadArgs:
-    dest: str = arg("data", "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and sts/")
-    base_url: str = arg(downloads.UPSTREAM, "where the files are served (a mirror, or a local server "
-                        "in tests)", "official code")
-    what: list[str] = arg(["wiki1m", "nli", "sts"], "which of wiki1m, nli, sts to fetch")
-
-
-def cli(argv: list[str]) -> None:
-    """python common.py eval | download."""
-    if argv[:1] == ["download"]:
-        args = parse_args(DownloadArgs, argv[1:], prog="python common.py download")
-        for name, path in downloads.download(args.dest, check_sts, args.base_url, args.what).items():
-            print(f"{name}: {path}")
-        return
-    if argv[:1] != ["eval"]:
-        print(__doc__)
-        raise UserError("choose a command: eval, download (e.g. `python common.py eval --help`)")
-    args = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
-    t = time.perf_counter()
-    res = evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split,
-                           args.batch_size)
-    print(format_sts_table(res, name=f"{Path(args.model).name} [{args.pooler}]"))
-    print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
-    if args.output:
-        Path(args.output).write_text(json.dumps(res, indent=2))
-
-
-if __name__ == "__main__":
-    run_main(cli)

@@ -17,7 +17,8 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT
-from tools import bench, compare, translate
+from tools import bench, compare, download, translate
+from tools import eval as eval_tool
 
 SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "conisi": conisi, "rcl": rcl}
 
@@ -164,10 +165,12 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
 @pytest.mark.parametrize("main,argv,msg", [
     (translate.main, ["--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
     (translate.main, ["--num_beams", "0"], "--num_beams 0: must be >= 1"),
-    (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
+    (eval_tool.main, ["--batch_size", "0"], "--batch_size 0: must be >= 1"),
+    (eval_tool.main, ["--split", "dev", "--tasks", "STS12"], "--tasks STS12 with --split dev: only"),
+    (download.main, ["--what", "glove"], "argument --what: invalid choice: 'glove'"),
     (compare.main, ["somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
     (bench.main, ["--steps", "0"], "--steps 0: must be >= 1"),
-], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps"])
+], ids=["translate-chunk", "translate-beams", "eval", "eval-dev-tasks", "download", "compare", "bench-steps"])
 def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, argv)
