@@ -12,7 +12,8 @@ method scripts): a module for each thing it holds.
     export         a model folder that transformers and sentence-transformers both load
     run_folder     the lock, the run's record, last/ and best/, --resume, stages (rcl.py)
     compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels
-    translation    IFCL's German file, made with a seq2seq model (tools/translate.py)
+    translation    IFCL's German file, made with a seq2seq model (tools/translate.py), and
+                   ifcl.py's one call for it (fraternal_file)
     command_line   every command's end: one line and its exit status
     interrupts     Ctrl-C and SIGTERM while a script is still importing
 """

@@ -145,11 +145,17 @@ def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str 
             else download_file(Path(dest), names[item], base_url, wiki1m_lines) for item in what}
 
 
+def fetched_on_first_use(data: str | Path) -> bool:
+    """Whether --data is a file the flags' defaults name that is not there yet: on_first_use
+    fetches it, so it is not yet the user's to give."""
+    return not Path(data).exists() and Path(data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI)
+
+
 def on_first_use(data: str | Path, sts_dir: str | Path, check_sts: Callable[[Path], None]) -> None:
     """The files the flags' defaults name (data/wiki1m_for_simcse.txt, data/nli_for_simcse.csv,
     data/sts), fetched when missing: `python simcse.py` on a fresh clone needs nothing else.
     Other paths are the user's own files, checked by common.start."""
     if not Path(sts_dir).exists() and Path(sts_dir) == DATA_DIR / "sts":
         download_sts(DATA_DIR, check_sts)
-    if not Path(data).exists() and Path(data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
+    if fetched_on_first_use(data):
         download_file(DATA_DIR, Path(data).name)
