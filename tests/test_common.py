@@ -460,6 +460,25 @@ def test_common_reads_top_down_for_a_reader():
     assert max(len(line) for line in lines) <= 110
 
 
+@pytest.mark.parametrize("script", ["simcse", "focal_infonce", "ifcl", "conisi", "rcl"])
+def test_each_script_opens_on_its_paper(script):
+    """A script's first screen is its paper: the docstring in at most 30 lines (the paper, its
+    BibTeX key, how to run it: the default, a quick CPU run, an ablation; its page in docs/, which
+    holds the rest), and the first equation, the first `# Eq. (` line, by line 140."""
+    import ast
+
+    from conftest import ROOT
+    source = (ROOT / f"{script}.py").read_text(encoding="utf-8")
+    first = ast.parse(source).body[0]
+    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant), "no module docstring"
+    assert first.end_lineno <= 30, f"{script}.py: its docstring runs to line {first.end_lineno}"
+    doc = first.value.value
+    assert "BibTeX key:" in doc and f"docs/{script}.md" in doc and "Run" in doc
+    assert len(re.findall(rf"^\s*python {script}\.py", doc, flags=re.M)) >= 3
+    eq = next(n for n, line in enumerate(source.splitlines(), 1) if "# Eq. (" in line)
+    assert eq <= 140, f"{script}.py: the first equation is at line {eq}"
+
+
 def test_common_is_a_module_not_a_command():
     """common.py has no command line: no `if __name__ == "__main__":`, no cli(), no argument
     dataclasses of commands (evaluation and download are tools/eval.py and tools/download.py),
