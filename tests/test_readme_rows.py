@@ -70,7 +70,7 @@ def checked_rows(script: str, header: str, row: str, published: list[float], com
     rows its command picks, the note). None: not a training run, or a row that says no row."""
     argv = shlex.split(command)
     target = argv[1].removesuffix(".py")
-    if target not in SCRIPTS:                 # python common.py eval ...: no training run
+    if target not in SCRIPTS:                 # python tools/eval.py ...: no training run
         return None, [], ""
     assert target == script, (script, command)
     module = importlib.import_module(target)
