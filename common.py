@@ -6,17 +6,18 @@ heads, its paper's rows.
     Data             the training file, tokenised once into integer arrays, batches
     Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
     STS evaluation   evaluate_sts as SimCSE's SentEval computes it; alignment and uniformity
-    The paper's rows PaperRow, select_rows: the published rows a run's flags reproduce
+    The paper's rows PaperRow, paper_report: the published rows a run's flags reproduce
     Distributed      gather: under torchrun every loss sees the global batch
     Start-up         start: every flag and file checked before anything is written
     The loop's parts the seed, the log's running means, what an evaluation records
     The step         train_step: forward, backward, clip, AdamW, schedule
     The loop         train: batch, step, log, evaluate, checkpoint; the final report
-    The command line python common.py eval | download
 
-What keeps a run safe and fast comes from plumbing/, a module for each thing it holds: flags
-(argparse from the Args dataclasses), inputs (the files a run is given, checked; the token
-cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
+A module, not a command: `python tools/eval.py` scores a saved encoder with evaluate_sts, and
+`python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
+plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
+paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
+token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
 checkpoints, --resume, stages), atomic_writes, export (a folder transformers and
 sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
 progress bars, the one-line errors), command_line (exit statuses), interrupts (signals while a
@@ -30,10 +31,8 @@ import copy
 import dataclasses
 import functools
 import json
-import math
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +45,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
+# `x as x`: a name the scripts and tools take from here though common.py itself does not call it
 from plumbing import downloads, flags, inputs
-from plumbing.command_line import run_main
+from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import fast_forward
-from plumbing.flags import NOT_TRAINING, arg, parse_args
+from plumbing.flags import NOT_TRAINING as NOT_TRAINING
+from plumbing.flags import arg, select_rows
+from plumbing.flags import parse_args as parse_args
 from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
 from plumbing.process import UserError, barrier, progress, world
 from plumbing.run_folder import RunFolder, open_run, write_json
@@ -336,7 +338,7 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
     """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, batches of
     similar length, truncated only to the model's positions (not the training max_len). fp32 on
     every device, as SimCSE's evaluation.py: under bf16 a run's STS-B dev and the same weights
-    evaluated again (best/, `python common.py eval`) differed by up to 0.7 on a GPU."""
+    evaluated again (best/, `python tools/eval.py`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
 
     @torch.no_grad()
@@ -520,21 +522,20 @@ def check_sts(folder: Path) -> None:
             got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
         except (OSError, ValueError, IndexError, UserError) as e:
             raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. {downloads.RETRY}")
+                            f"incomplete or corrupted. {downloads.NOT_KEPT}")
         if got != STS_PAIR_COUNTS[task]:
             raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
-                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted.")
+                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted. "
+                            f"{downloads.NOT_KEPT}")
 
 
 # =====================================================================================
 # The paper's rows: the published figures a run's flags reproduce, printed beside its own
 # =====================================================================================
 
-# Flags no row depends on: the budget and the data, so that a short run, or one on other
-# sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
-ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
-
-
+# Which rows a run's flags reproduce is a matter of the flags: select_rows, in plumbing/flags.py
+# (the script's default model stands in for one the paper did not train; ROW_FREE: the flags no
+# row depends on, the budget and the data)
 FIGURE_KEYS = (*STS_TASKS, "avg", "alignment", "uniformity")
 
 
@@ -558,50 +559,6 @@ class PaperRow:
     def headline(self) -> list[float]:
         """What a list of rows shows of this one (the docs' tables): the 7-task average if given."""
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(a, b, rel_tol=1e-9)
-    return a == b
-
-
-def select_rows(args: TrainArgs, rows: list[PaperRow]) -> tuple[list[tuple[str, PaperRow]], str]:
-    """The rows `args` reproduces, each with its label, and a note ("" if none is needed). A row
-    matches when its model and data are the run's and every flag that changes training (all but
-    NOT_TRAINING, ROW_FREE and the script's row_free) has the row's value, or the default where
-    the row names none. A model the paper did not train (a testbed encoder, a local folder) is
-    compared as the script's default model, its rows so labelled. No match: the note says so."""
-    defaults = flags.defaults_of(args)
-    free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
-
-    def name_of(model: str) -> str:   # FacebookAI/roberta-base and roberta-base are one model
-        return Path(model.rstrip("/")).name.lower()
-
-    stand_in = name_of(args.model) not in {name_of(r.model or defaults.model) for r in rows}
-    model = name_of(defaults.model if stand_in else args.model)
-    csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
-    picked = []
-    for r in rows:
-        same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
-                         for f in dataclasses.fields(args) if f.name not in free)
-        if name_of(r.model or defaults.model) == model and r.data == csv_name and same_flags:
-            picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
-    if picked:
-        note = ""
-        if stand_in:
-            note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
-                    f"{defaults.model}, a reference rather than a target")
-        return picked, note
-    named = [flags.flag_text(k, v) for k, v in flags.changed_flags(args, tuple(free)).items()]
-    if model != name_of(defaults.model):
-        named.insert(0, f"--model {args.model}")
-    kinds = {r.data for r in rows}                   # "": text files; else the CSVs the rows need
-    if csv_name not in kinds or (csv_name and "" in kinds):   # data no row has, or a script's other form
-        named.insert(0, f"--data {Path(args.data).name}")
-    return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"
 
 
 def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:
@@ -863,51 +820,3 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
     write_json(best_dir / "test_metrics.json", kept)
     return res
-
-
-# =====================================================================================
-# The command line: python common.py eval | download
-# =====================================================================================
-
-@dataclass
-class EvalArgs:
-    model: str = arg("bert-base-uncased", "hub name or local folder of any Hugging Face encoder")
-    pooler: str = arg("cls_before_pooler", "how a sentence vector is read off the encoder",
-                      "SimCSE official code", choices=POOLERS)
-    sts_dir: str = arg("data/sts", "folder with STS/ and SICK/ in SentEval's layout")
-    split: str = arg("test", "test = the 7 tasks; dev = STS-B dev and SICK-R trial", choices=["test", "dev"])
-    tasks: list[str] = arg([], "a subset of tasks (default: all of the split's)")
-    batch_size: int = arg(128, "sentences per forward pass", ge=1)
-    output: str = arg("", "also write the full result as JSON here")
-
-
-@dataclass
-class DownloadArgs:
-    dest: str = arg("data", "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and sts/")
-    base_url: str = arg(downloads.UPSTREAM, "where the files are served (a mirror, or a local server "
-                        "in tests)", "official code")
-    what: list[str] = arg(["wiki1m", "nli", "sts"], "which of wiki1m, nli, sts to fetch")
-
-
-def cli(argv: list[str]) -> None:
-    """python common.py eval | download."""
-    if argv[:1] == ["download"]:
-        args = parse_args(DownloadArgs, argv[1:], prog="python common.py download")
-        for name, path in downloads.download(args.dest, check_sts, args.base_url, args.what).items():
-            print(f"{name}: {path}")
-        return
-    if argv[:1] != ["eval"]:
-        print(__doc__)
-        raise UserError("choose a command: eval, download (e.g. `python common.py eval --help`)")
-    args = parse_args(EvalArgs, argv[1:], prog="python common.py eval")
-    t = time.perf_counter()
-    res = evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split,
-                           args.batch_size)
-    print(format_sts_table(res, name=f"{Path(args.model).name} [{args.pooler}]"))
-    print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f}s)", file=sys.stderr)
-    if args.output:
-        Path(args.output).write_text(json.dumps(res, indent=2))
-
-
-if __name__ == "__main__":
-    run_main(cli)

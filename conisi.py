@@ -12,37 +12,15 @@ What it adds to unsupervised SimCSE:
     Z_i = (x_i, c_i), with c_i another batch sentence (s), subword noise (o1) or antonyms (o2);
   - loss (1 - lam) * contrastive + lam * interactive (Eq. 10); evaluation uses raw [CLS].
 
-Run (data/ is filled on first use, or by `python common.py download`):
+Run (data/ is filled on first use, or by `python tools/download.py`):
   python conisi.py                        # ConIsI-s, bert-base-uncased on wiki1m: runs/conisi/default
-  python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 40 --eval_every 10
-                                          # the testbed's model and budget (docs/results.md)
   python conisi.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 4 --eval_every 2 \
       --batch_size 8 --max_len 16         # a quick CPU run (no paper row: batch and max_len differ)
+  python conisi.py --lam 0                # an ablation: Tab. 5 "w/o fine-grained classification loss"
 
-The paper's rows, one command each (the end of a run prints the rows its flags select beside
-its own figures; docs/conisi.md maps every row):
-  python conisi.py --lam 0             # Tab. 5 "w/o fine-grained classification loss": no Z at all
-  python conisi.py --lam 1             # Tab. 5 "w/o contrastive loss" (loss_contrastive still logged)
-  python conisi.py --strategy o1       # Tab. 6 ConIsI-o1-BERT_base
-  python conisi.py --strategy o2       # Tab. 6 ConIsI-o2-BERT_base (pip install nltk, and its wordnet)
-  python conisi.py --model roberta-base --lam 0.1                  # Tab. 4 and 6 ConIsI-s-RoBERTa_base
-  python conisi.py --model roberta-base --lam 0.1 --strategy o1    # Tab. 6 ConIsI-o1-RoBERTa_base
-  python conisi.py --model bert-large-uncased --max_len 28 --lam 0.1   # Tab. 4 ConIsI-s-BERT_large
-  python conisi.py --lam 0.1           # Tab. 7: --lam 0, 0.1, ..., 0.9 (the default 0.8 is its best)
-Tab. 3 gives its settings (lam among them) for ConIsI-s only: o1 and o2 at those are our reading.
-Measured numbers and the paper's rows: docs/conisi.md (the MiniLM testbed).
-
-The mechanism at work, in metrics.jsonl: Eq. (8) trains f to tell Y_i from Z_i, so acc_interactive
-(the share of pairs with r_i^Y > r_i^Z) should rise from about 0.5 towards 1 and loss_interactive
-(Eq. 9) fall below log 2; share_interactive is lam * loss_interactive / loss, its part of Eq. (10);
-loss_contrastive (Eq. 4) is logged too, and alone at --lam 0 (no Z).
-
-BatchNorm, our reading (the paper never says which rows form a BatchNorm batch): --bn joint,
-the default, normalises x as one batch of N and Y with Z (encoder 2's one pass) as one of 2N;
---bn separate, the other reading, x, Y and Z each as a batch of N; at --lam 0 Y is alone.
-Under DDP (torchrun) each rank pairs its own x_i (`s` draws c_i from its shard: two sentences at
-least); common.gather makes the losses one process's; BatchNorm is SyncBatchNorm on CUDA (global
-statistics), per shard on CPU (gloo).
+docs/conisi.md: the paper's rows, each with its command; where the code departs from the paper
+(our reading of BatchNorm's batches, --bn); what metrics.jsonl shows; DDP; the measured numbers
+(a MiniLM testbed).
 """
 
 from __future__ import annotations

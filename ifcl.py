@@ -4,56 +4,22 @@ Representations.
 Qingfa Xiao, Shuangyin Li, Lei Chen. ECAI 2023. arXiv:2307.10932. BibTeX key: xiao2023identical.
 
 What it adds to SimCSE:
-  - a third view per sentence, the fraternal twin h^-: the sentence's embedding-layer output
-    fused with that of its German translation (Eq. 3), with its own InfoNCE (Eq. 7);
-  - the Twins loss (Eq. 8), which keeps e^{sim(h,h+)} - e^{sim(h,h-)} at the margin the two
-    augmentations had at the embedding layer, instead of pushing both similarities to 1;
+  - a third view, the fraternal twin h^-: the sentence's embedding-layer output fused with that of
+    its German translation (Eq. 2, 3), with its own InfoNCE (Eq. 7);
+  - the Twins loss (Eq. 8): e^{sim(h,h+)} - e^{sim(h,h-)} kept at the embedding layer's margin;
   - a hippocampus queue of earlier anchors as extra negatives, older ones down-weighted (Eq. 4, 6).
 
 Run:
-  python ifcl.py                                  # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
-The first run translates --data into German with --mt_model (t5-base, from the Hugging Face hub
-on that run only) through plumbing/translation.py, into wiki1m_for_simcse.de.t5-base.txt beside
---data (or under --cache_dir), then trains; a killed translation continues where it stopped,
-and later runs find the file and train at once (docs/ifcl.md: how long it takes).
-  python tools/translate.py                       # the same file, without training (the English
-                                                  # file first: `python common.py download`)
-  python ifcl.py --fraternal_data my.de.txt       # German lines made elsewhere, one per sentence
+  python ifcl.py                           # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
   python ifcl.py --model sentence-transformers/all-MiniLM-L6-v2 --no_fraternal --max_steps 20 \\
-      --eval_every 10                             # a short run with a small encoder, no German
-The paper's rows, one command each (docs/ifcl.md maps every row to its command and figures; the
-end of a run prints the rows its flags select beside its own figures):
-  python ifcl.py --no_fraternal                   # Tab. 2 "w/o FI, TL" (the Twins loss compares
-                                                  # h^+ with h^-: it goes too); needs no German
-  python ifcl.py --no_queue                       # Tab. 2 "w/o HQ"
-  python ifcl.py --no_twins --no_queue            # Tab. 2 "w/o TL, HQ"
-  python ifcl.py --no_fraternal --no_queue        # Tab. 2 "w/o FI, TL, HQ (SimCSE)": IFCL's setup
-                                                  # without its parts (lr 1e-5, dropout 0.15, frozen
-                                                  # embeddings, mean pooling); SimCSE's own setup
-                                                  # is `python simcse.py`
-  python ifcl.py --no_twins                       # Fig. 4b "IFCL w/o TL"
-  python ifcl.py --queue_len 320                  # Tab. 5: the queue length M (320 ... 512)
-  python ifcl.py --model bert-large-uncased --fraternal_model FacebookAI/xlm-roberta-large
-                                                  # Tab. 1 "IFCL-BERT_large" at Tab. 6's settings
-                                                  # (the paper gives BERT-large none of its own)
-  BERT-large needs a fraternal embedding layer 1024 wide; mBERT's is 768 and the paper names
-  none that fits: XLM-R large (multilingual, 1024 wide) is ours. Tab. 2, Tab. 5 and Fig. 4b
-  report STS-B test (their full IFCL, 80.27, is Tab. 1's STS-B test figure). Not implemented:
-  Fig. 4a (augmentations of STS-B test scored by a supervised model), Fig. 4c's momentum
-  encoder, Tab. 3 (Chinese), Tab. 4 (mutual information).
+      --eval_every 10                      # a quick CPU run: a small encoder, no German needed
+  python ifcl.py --no_queue                # an ablation: Tab. 2 "w/o HQ"
+The first run translates --data into German with --mt_model (t5-base), into
+data/wiki1m_for_simcse.de.t5-base.txt beside it, then trains; later runs reuse that file
+(`python tools/translate.py` makes it alone; --fraternal_data takes one made elsewhere).
 
-What the log shows of the mechanism (every training record): `cos_identical` and
-`cos_fraternal`, the mean cosines of the twins (the identical twin is meant to stay the closer,
-Fig. 1); `twins_gap`, mean e^{sim(h,h+)} - e^{sim(h,h-)}, which Eq. (8) pulls towards the innate
-margin `margin`; `queue_fill`, the share of the queue holding anchors (full after 416/64 = 6.5
-batches); and the three terms `l_identical`, `l_fraternal`, `l_twins`. Measured numbers:
-docs/ifcl.md (a MiniLM testbed).
-
-Under DDP (torchrun): h, h^+, h^- and the innate margins are gathered from every rank before
-the losses, so Eq. (6)-(8) see the global batch; every rank pushes the same gathered anchors
-into its own copy of the queue, so the queues stay identical, and N in Eq. (4) is the global
-batch size. The frozen fraternal embedding layer runs on each rank's own rows only. On the first
-run rank 0 translates while the other ranks wait for the file, then every rank reads it.
+docs/ifcl.md: the paper's rows, each with its command; the German file; where the code departs
+from the paper; what metrics.jsonl shows; DDP; the measured numbers (a MiniLM testbed).
 """
 
 from __future__ import annotations
@@ -61,10 +27,8 @@ from __future__ import annotations
 import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
 
 import math
-import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -182,6 +146,7 @@ def identical_loss(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, p:
                    tau: float) -> torch.Tensor:
     """Eq. (6): InfoNCE of the identical twins, with the queued anchors H_m as extra negatives
     weighted by p_m. queue (M, d) may have M = 0; a slot with p_m = 0 counts for nothing."""
+    # Eq. (5): sim(h_i, h_j) = h_i^T h_j / (||h_i|| ||h_j||): unit rows, then dot products
     h = F.normalize(h, dim=-1)                                               # (N, d)
     sim = h @ F.normalize(h_pos, dim=-1).T                                   # (N, N)   sim(h_i, h_j^+)
     # the queue only feeds the loss: no gradient reaches H_m (Sec. 3.3)
@@ -308,8 +273,9 @@ class IFCL(nn.Module):
         mask = x["attention_mask"]                                           # (N, L)
         # NOTE(ours): the fused input attends wherever either language has a token
         mask_frat = torch.maximum(mask, xf["attention_mask"])                # (N, L)
-        # NOTE(ours): Eq. (2)'s y = BEL(x) is the embedding layer's output (word + position +
-        # type, LayerNorm); --fuse word fuses the word embeddings only, before the rest.
+        # Eq. (2): y_i = BEL_S(x_i), y_i^- = BEL_F(x_i^-)
+        # NOTE(ours): y is the embedding layer's output (word + position + type, LayerNorm);
+        # --fuse word fuses the word embeddings only, before the rest.
         if a.fuse == "layer":
             y = self.encoder.embeddings(input_ids=x["input_ids"])           # (N, L, d)  y = BEL_S(x)
             with torch.no_grad():
@@ -421,59 +387,8 @@ PAPER_ROWS = [
 
 
 # =====================================================================================
-# Plumbing: the German file (plumbing/translation.py makes it on the first run), then main
+# Plumbing: BEL_F's model, then main (the German file: plumbing/translation.py, one call)
 # =====================================================================================
-
-def translate_command(data: str, out: str | None = None, mt_model: str = "t5-base") -> str:
-    out = f" --out {out}" if out else ""
-    return f"python tools/translate.py --data {data}{out} --mt_model {mt_model}"
-
-
-def made_from_data(args: Args) -> bool:
-    """Whether --fraternal_data is the German file this script makes from --data (main() points
-    it there when the flag is left out), not a file of the user's."""
-    made = translation.default_fraternal_path(args.data, args.mt_model, args.cache_dir)
-    return args.fraternal_data == str(made)
-
-
-def check_fraternal_file(args: Args) -> None:
-    """Stop before anything is loaded when a --fraternal_data given by the user is missing."""
-    if not Path(args.fraternal_data).is_file():
-        raise UserError(f"--fraternal_data {args.fraternal_data}: no such file. Leave the flag out "
-                        f"to translate --data with --mt_model {args.mt_model} on the first run, or "
-                        f"make the file with "
-                        f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
-
-
-def read_fraternal(args: Args, n: int, made_here: bool = False) -> list[str]:
-    """The German lines, one per English sentence of --data (blank lines skipped in both).
-    `made_here`: the file is the one this script made from --data (not a user's --fraternal_data)."""
-    de = common.read_sentences(args.fraternal_data, "--fraternal_data")
-    if len(de) == n:
-        return de
-    if made_here:
-        raise UserError(f"{args.fraternal_data} (the German file made earlier from a --data of this "
-                        f"name with --mt_model {args.mt_model}) has {len(de)} sentences but --data "
-                        f"{args.data} has {n}: --data has changed since. Delete "
-                        f"{args.fraternal_data} to translate --data again, or pass a parallel file "
-                        f"with --fraternal_data.")
-    raise UserError(f"--fraternal_data {args.fraternal_data} has {len(de)} sentences but --data "
-                    f"{args.data} has {n}: the files must be parallel, line by line. Make it "
-                    f"again with "
-                    f"`{translate_command(args.data, args.fraternal_data + '.new', args.mt_model)}`, or "
-                    f"leave --fraternal_data out to have it made on the first run.")
-
-
-def check_german_file(args: Args, made_here: bool) -> None:
-    """Before anything is loaded or written: a German file of the user's must be there, and
-    parallel to --data; one this script is to make needs a loadable --mt_model."""
-    if not Path(args.fraternal_data).is_file():
-        if not made_here:
-            check_fraternal_file(args)           # the user's file is missing
-        translation.check_mt_model(args.mt_model)  # the first run: it will be made
-    elif Path(args.data).is_file():              # it must be parallel to --data
-        read_fraternal(args, common.data_rows(args.data), made_here)
-
 
 def check_fusable(args: Args, width: int, width_f: int) -> None:
     """Eq. (3) adds BEL_S(x) and BEL_F(x^-) position by position: both embedding layers must
@@ -490,40 +405,33 @@ def check_fusable(args: Args, width: int, width_f: int) -> None:
                     f"position, so they must match. Pass a multilingual model that embeds in {width}{hint}.")
 
 
+def load_bel_f(args: Args, encoder: nn.Module) -> tuple:
+    """BEL_F of Eq. (2): --fraternal_model's tokenizer and embedding layer, as wide as the
+    encoder's (Eq. 3); the rest of that model is let go."""
+    tok_f, enc_f = common.load_encoder(args.fraternal_model, flag="--fraternal_model")
+    width, width_f = (m.get_input_embeddings().embedding_dim for m in (encoder, enc_f))
+    check_fusable(args, width, width_f)
+    return tok_f, enc_f.embeddings
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    args.rules()              # the flags' own rules before the German file is read (start() checks again)
+    args.rules()                                # the flags' own rules first (start() checks them again)
     if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
-    if not args.no_fraternal and not args.fraternal_data:  # made from --data on the first run, then reused
-        made = translation.default_fraternal_path(args.data, args.mt_model, args.cache_dir)
-        args.fraternal_data = str(made)
-    made_here = not args.no_fraternal and made_from_data(args)
-    if not args.no_fraternal:
-        check_german_file(args, made_here)
-    to_translate = made_here and not Path(args.fraternal_data).is_file()
-    if to_translate:
-        # an earlier launch's failure note goes before the ranks meet
-        if int(os.environ.get("RANK", "0")) == 0:
-            translation.failure_marker(Path(args.fraternal_data)).unlink(missing_ok=True)
-    device = common.start(args)                    # torchrun, flags checked, seed, output folder
-    if to_translate:                               # rank 0 translates, the other ranks wait for it
-        translation.make_fraternal_file(args.data, args.fraternal_data, args.mt_model, device)
-    columns = common.load_columns(args.data)       # {"text": [...]}
-    if not args.no_fraternal:
-        columns["frat"] = read_fraternal(args, len(columns["text"]), made_here)  # before the encoders load
+    # x^-, the German sentences: their file checked now, before anything loads or is written
+    german = None if args.no_fraternal else translation.fraternal_file(args)
+    device = common.start(args)                 # torchrun, flags checked, seed, output folder
+    columns = common.load_columns(args.data)    # {"text": [...]}
+    if german is not None:                      # rank 0 makes the file on the first run; the encoders wait
+        columns["frat"] = german.sentences(len(columns["text"]), device)
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
-    cache = common.default_cache_dir(args.data, args.cache_dir)
-    data = {"text": common.tokenize(tokenizer, columns["text"], args.max_len, cache, desc="tokenizing text")}
+    data = common.tokenize_columns(args, tokenizer, {"text": columns["text"]})
     bel_f, pad_f = None, 0
-    if not args.no_fraternal:
-        tok_f, enc_f = common.load_encoder(args.fraternal_model, flag="--fraternal_model")
-        check_fusable(args, encoder.get_input_embeddings().embedding_dim,
-                      enc_f.get_input_embeddings().embedding_dim)
-        bel_f, pad_f = enc_f.embeddings, tok_f.pad_token_id or 0
-        del enc_f                                  # only the embedding layer is kept
-        data["frat"] = common.tokenize(tok_f, columns["frat"], args.max_len, cache,
-                                       desc="tokenizing fraternal")
+    if german is not None:
+        tok_f, bel_f = load_bel_f(args, encoder)
+        data |= common.tokenize_columns(args, tok_f, {"frat": columns["frat"]})
+        pad_f = tok_f.pad_token_id or 0
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer (--pooler avg) for evaluation
     return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)

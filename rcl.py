@@ -1,4 +1,4 @@
-"""RCL: Regularized Contrastive Learning of Semantic Search.
+r"""RCL: Regularized Contrastive Learning of Semantic Search.
 
 Mingxi Tan, Alexis Rolland, Andong Tian. NLPCC 2022 (Springer LNCS). arXiv:2209.13241.
 BibTeX key: tan2022regularized.
@@ -12,47 +12,18 @@ What it adds to (supervised) SimCSE, in two stages (Algorithm 1):
     two regulators per entropy model that pull q_i and ind_i towards the frozen entropy model's
     embeddings of the same sentences against the batch (Eq. 3; no hard negatives).
 
-Run (data/ is filled on first use, or by `python common.py download`):
+Run (data/ is filled on first use, or by `python tools/download.py`):
   python rcl.py     # paper form: nli-roberta-base-v2 (SRoBERTa-base), SimCSE's NLI triplets
                     # (data/nli_for_simcse.csv), 4 phis; the run folder is runs/rcl/default
-  python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --data data/wiki1m_for_simcse.txt \
-      --pooler cls_before_pooler --lr 3e-5 --phi 0.01 0.04 --max_steps 40 --eval_every 10
-                    # the testbed's model and budget (docs/results.md); a text file is the
-                    # unsupervised form (two dropout views), which the paper does not report
   python rcl.py --model sentence-transformers/all-MiniLM-L6-v2 --phi 0.01 0.02 --max_steps 4 \
       --eval_every 2 --batch_size 8                  # a quick CPU run of both stages on the NLI CSV
+  python rcl.py --phi 0.01                           # an ablation: Tab. 4, 2 regulators
   python rcl.py --resume                             # a restart reuses the finished entropy models
-The paper's rows, one command each (the end of a run prints the rows its flags select beside
-its own figures; all are of the NLI CSV; docs/rcl.md maps every row):
-  python rcl.py                                      # Tab. 3 "RCL(ours)"; Tab. 4, 8 regulators
-  python rcl.py --phi 0.01                           # Tab. 4: 2 regulators
-  python rcl.py --phi 0.01 0.02                      # Tab. 4: 4 regulators
-  python rcl.py --phi 0.01 0.02 0.03                 # Tab. 4: 6 regulators
-  python rcl.py --phi 0.01 0.02 0.03 0.04 0.05       # Tab. 4: 10 regulators
-  python common.py eval --model sentence-transformers/nli-roberta-base-v2 --pooler avg
-                                                     # Tab. 3 "SRoberta_base", Tab. 4 "0 (No phi)": UNTRAINED
-  python common.py eval --model runs/rcl/default/entropy_phi0.01/end --pooler avg
-                                                     # Tab. 5: phi 0.01's entropy model, once trained
-  python rcl.py --phi                                # ours, not a paper row: the contrastive term alone
-  python rcl.py --phi 0 0.01                         # ours: a phi = 0 model, the control for phi's effect
 
-Measured numbers and the paper's rows: docs/rcl.md (the MiniLM testbed, unsupervised form; no run of the
-NLI form is reported there). The SRoBERTa-base recipe prints the paper's Tab. 3 and Tab. 4
-rows its flags select beside yours at the end of a run. What the log shows of the mechanism:
-each entropy model's `entropy` (the row entropy of Eq. 2, which phi > 0 lowers: Sec. 3
-"enhance the certainty") and the stage-1 summary (where each model stopped; its row entropy
-beside the phi = 0 model's); the final model's `contrastive` term and each regulator's,
-`reg_q_phi<phi>` and `reg_ind_phi<phi>`.
-
-Augmented embeddings (Au in Eq. 3) come on the fly, under no_grad, from the frozen entropy
-models in eval mode: memory is bounded by the batch. A disk cache would save no compute (one
-epoch embeds each sentence once) and take 12 GB for 1M sentences, K = 4, d = 768.
-
-Under DDP (torchrun): every embedding the losses use (q, ind's positives and hard negatives
-gathered apart so that the positives stay first, and every Au) goes through common.gather, so
-each rank computes Eq. (2) / Eq. (3) over the global batch. The frozen entropy models run on
-each rank's own rows. Early stopping reads the mean of the global loss, the same on every
-rank, so all ranks stop at the same step. Markers are written by rank 0.
+docs/rcl.md: the paper's rows, each with its command (Tab. 3's untrained start and Tab. 5's entropy
+models are scored by `python tools/eval.py`); where the code departs from the paper (early
+stopping, hard negatives, tau); what metrics.jsonl shows; DDP; the measured numbers (a MiniLM
+testbed, the unsupervised form).
 """
 
 from __future__ import annotations

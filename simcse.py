@@ -9,31 +9,16 @@ The baseline every other script in this repository is read against:
   - supervised: an NLI entailment is the positive, its contradiction a hard negative (Eq. 5);
   - [CLS] through an MLP in training; unsupervised evaluation uses the raw [CLS].
 
-Run:
-  python common.py download                          # data/: wiki1m, NLI CSV, sts/ (else on first use)
+Run (data/ is filled on first use, or by `python tools/download.py`):
   python simcse.py                                   # unsupervised bert-base-uncased on wiki1m
-  python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
   python simcse.py --model sentence-transformers/all-MiniLM-L6-v2 --max_steps 100 \
       --eval_every 50                                # a short run of a small encoder (a CPU will do)
-  python tools/bench.py --method simcse              # time the training step (GPU: bf16, CUDA graphs)
-The paper's ablation rows, one flag each (docs/simcse.md maps every row to its command):
-  python simcse.py --dropout 0                       # Tab. 3: the dropout p (0 ... 0.5; default 0.1)
-  python simcse.py --fixed_mask                      # Tab. 3 "Fixed 0.1": one dropout mask for both views
-  python simcse.py --pooler cls                      # Tab. 6 "w/ MLP": the MLP kept for evaluation
-  python simcse.py --no_mlp                          # Tab. 6 "w/o MLP": raw [CLS] in training too
-  python simcse.py --pooler avg_first_last           # Tab. 6 "First-last avg.": no [CLS], no MLP
-  (the default is Tab. 6 "w/ MLP (train)"; with --data data/nli_for_simcse.csv the same flags
-  give the "Sup." column, whose default is "w/ MLP")
-  python simcse.py --data data/nli_for_simcse.csv --alpha 2       # Tab. 7: the paired hard negative's weight
-  python simcse.py --data data/nli_for_simcse.csv --no_hard_neg   # Tab. 7 "N/A": Tab. 4's entailment pairs
-  python simcse.py --data data/nli_for_simcse.csv --tau 0.01      # Tab. D.1: the temperature (0.001 ... 1)
-  python simcse.py --data data/my_pairs.csv                       # Tab. 4: any sent0,sent1 CSV
-  Tab. 5's other encoders, with App. A's batch size and learning rate:
-    --model roberta-base --batch_size 512 --lr 1e-5    --model roberta-large --batch_size 512 --lr 3e-5
-    --model roberta-large --data data/nli_for_simcse.csv --lr 1e-5 (supervised; base: the CSV defaults)
+  python simcse.py --dropout 0                       # an ablation: Tab. 3, the dropout p (default 0.1)
+  python simcse.py --data data/nli_for_simcse.csv    # supervised SimCSE (its defaults follow the CSV)
 
-Measured numbers and the paper's rows: docs/simcse.md (the MiniLM testbed; the bert-base recipe prints the
-paper's numbers beside yours at the end of a run).
+docs/simcse.md: the paper's rows, each with its command (every ablation is a flag); where the
+code departs from the paper; the measured numbers (a MiniLM testbed; the bert-base recipe prints
+the paper's numbers beside yours at the end of a run).
 """
 
 from __future__ import annotations

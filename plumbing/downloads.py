@@ -1,8 +1,10 @@
 """SimCSE's files into data/: wiki1m, the NLI triplets and SentEval's STS data, from the
-addresses the official repository downloads from, on first use or by `python common.py download`.
+addresses the official repository downloads from, on first use or by `python tools/download.py`.
 No checksum of them could be verified, so each file is proven whole by its content before it is
 kept (wiki1m by its line count, the NLI file by its header and cells, the STS data by SentEval's
-kept pair counts), written under a temporary name and renamed only once whole."""
+kept pair counts), written under a temporary name and renamed only once whole. A failed file
+leaves nothing behind: the next try fetches it from the start (a download does not continue
+where one stopped), and skips the files already complete."""
 
 from __future__ import annotations
 
@@ -23,21 +25,33 @@ DATA_DIR = Path("data")
 UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
 WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
-RETRY = "Run `python common.py download` again."
+# What a refused download says after what was wrong with it: what is true of the next try, and
+# what else to check (the same download may be served the same bad file again)
+NOT_KEPT = ("It was not kept: the next try fetches it again from the start. If the same happens again, "
+            "fetch from a mirror with `python tools/download.py --base_url URL`.")
 
 
 def fetch(url: str, dest: Path) -> None:
-    """Stream `url` into `dest` with a progress bar."""
+    """Stream `url` into `dest` with a progress bar; a failure names the address and what to check.
+    A connection closed early is a failure too (urllib returns the bytes it got as if complete)."""
+    def failed(why: str) -> UserError:
+        return UserError(f"could not download {url}: {why}. Check the network (a proxy or a firewall may "
+                         f"block the address) and the free disk space in {dest.parent}, or fetch from a "
+                         f"mirror with `python tools/download.py --base_url URL`. Nothing of it was kept: "
+                         f"the next try fetches it from the start, and skips the files already complete.")
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
-            bar = progress(total=int(r.headers.get("Content-Length") or 0) or None,
-                           desc=dest.name.split(".part")[0], unit="B")
+            size = int(r.headers.get("Content-Length") or 0) or None
+            bar = progress(total=size, desc=dest.name.split(".part")[0], unit="B")
+            got = 0
             while chunk := r.read(1 << 20):
-                bar.update(f.write(chunk))
+                got += f.write(chunk)
+                bar.update(len(chunk))
             bar.close()
     except OSError as e:
-        raise UserError(f"could not download {url}: {e}. Check the network; or fetch the data once with "
-                        f"`python common.py download` (--base_url names a mirror).")
+        raise failed(str(e))
+    if size is not None and got != size:
+        raise failed(f"the connection closed after {got} of its {size} bytes")
 
 
 def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
@@ -48,7 +62,7 @@ def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> No
         expected = wiki1m_lines or WIKI1M_LINES
         if lines != expected:
             raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
-                            f"is incomplete or corrupted. {RETRY}")
+                            f"is incomplete or corrupted. {NOT_KEPT}")
         return
     try:
         with open(path, encoding="utf-8", errors="strict", newline="") as f:
@@ -56,28 +70,28 @@ def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> No
             header = next(rows, [])
             if ",".join(header) != "sent0,sent1,hard_neg":
                 raise UserError(f"{name}: header {','.join(header)!r}, expected 'sent0,sent1,hard_neg': "
-                                f"the download is corrupted. {RETRY}")
+                                f"the download is corrupted. {NOT_KEPT}")
             for i, row in enumerate(rows, start=2):
                 if len(row) != 3:
                     raise UserError(f"{name}: row {i} has {len(row)} cells, expected 3: the download "
-                                    f"is incomplete. {RETRY}")
+                                    f"is incomplete. {NOT_KEPT}")
     except UnicodeDecodeError as e:
-        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. {RETRY}")
+        raise UserError(f"{name}: not UTF-8 ({e.reason}): the download is corrupted. {NOT_KEPT}")
 
 
 def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines: int | None = None) -> Path:
     """wiki1m or the NLI triplets into `dest`, unless already there: written under a temporary
-    name and renamed only after its content check passes."""
+    name, renamed only after its content check passes, removed if the download or the check fails."""
     final = dest / name
     part = dest / f"{name}.part"
     if final.exists():
         print(f"{final}: present, not fetched again", file=sys.stderr)
         return final
     dest.mkdir(parents=True, exist_ok=True)
-    fetch(f"{base_url.rstrip('/')}/{name}", part)
     try:
+        fetch(f"{base_url.rstrip('/')}/{name}", part)
         check_download(part, name, wiki1m_lines)
-    except UserError:
+    except BaseException:               # a cut connection, a full disk, a bad file, Ctrl-C
         part.unlink(missing_ok=True)
         raise
     os.replace(part, final)
@@ -101,12 +115,12 @@ def download_sts(dest: Path, check_sts: Callable[[Path], None], base_url: str = 
                 tf.extractall(tmp / "x", filter="data")
         except (tarfile.TarError, EOFError) as e:
             raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is corrupted. "
-                            f"{RETRY}")
+                            f"{NOT_KEPT}")
         # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
         roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
         if not roots or not (roots[0].parent / "SICK").is_dir():
             raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download is "
-                            f"corrupted or not SentEval's archive.")
+                            f"corrupted or not SentEval's archive. {NOT_KEPT}")
         stage = tmp / "sts"
         stage.mkdir()
         shutil.move(str(roots[0]), stage / "STS")
@@ -131,11 +145,17 @@ def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str 
             else download_file(Path(dest), names[item], base_url, wiki1m_lines) for item in what}
 
 
+def fetched_on_first_use(data: str | Path) -> bool:
+    """Whether --data is a file the flags' defaults name that is not there yet: on_first_use
+    fetches it, so it is not yet the user's to give."""
+    return not Path(data).exists() and Path(data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI)
+
+
 def on_first_use(data: str | Path, sts_dir: str | Path, check_sts: Callable[[Path], None]) -> None:
     """The files the flags' defaults name (data/wiki1m_for_simcse.txt, data/nli_for_simcse.csv,
     data/sts), fetched when missing: `python simcse.py` on a fresh clone needs nothing else.
     Other paths are the user's own files, checked by common.start."""
     if not Path(sts_dir).exists() and Path(sts_dir) == DATA_DIR / "sts":
         download_sts(DATA_DIR, check_sts)
-    if not Path(data).exists() and Path(data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI):
+    if fetched_on_first_use(data):
         download_file(DATA_DIR, Path(data).name)

@@ -1,16 +1,18 @@
 """The command line's flags: one @dataclass of arg() fields per command becomes argparse flags,
-each with its help, the source of its default and its range; which flags a run changed, and the
-run folder named after them. The shared training flags themselves are common.TrainArgs."""
+each with its help, the source of its default and its range; which flags a run changed, the run
+folder named after them, and which of a paper's rows they reproduce (select_rows). The shared
+training flags themselves are common.TrainArgs, the rows common.PaperRow."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import typing
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from plumbing.process import UserError
 
@@ -32,6 +34,9 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
 # Flags that say where and how a run is written and shown, not what it trains: --resume may
 # change them, the default run folder's name leaves them out, compare.py ignores them
 NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
+# Flags no paper row depends on: the budget and the data, so that a short run, or one on other
+# sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
+ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
 
 
 def field_default(f: dataclasses.Field) -> Any:
@@ -135,3 +140,51 @@ def parse_args(cls: type, argv: list[str] | None = None, description: str | None
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
     return args
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A flag's value equals a row's: lists element by element, numbers up to rounding."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+def _model_name(model: str) -> str:
+    """An encoder as rows name it: FacebookAI/roberta-base, roberta-base and a folder
+    .../roberta-base/ are one model."""
+    return Path(model.rstrip("/")).name.lower()
+
+
+def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], str]:
+    """The rows (common.PaperRow) that `args` reproduces, each with its label, and a note ("" if
+    none is needed). A row matches when its model and data are the run's and every flag that
+    changes training (all but NOT_TRAINING, ROW_FREE and the script's row_free) has the row's
+    value, or the default where the row names none. A model the paper did not train (a testbed
+    encoder, a local folder) is compared as the script's default model, its rows so labelled.
+    No match: the note says so, naming the flags no row covers."""
+    defaults = defaults_of(args)
+    free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
+    stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}
+    model = _model_name(defaults.model if stand_in else args.model)
+    csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
+    picked = []
+    for r in rows:
+        same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
+                         for f in dataclasses.fields(args) if f.name not in free)
+        if _model_name(r.model or defaults.model) == model and r.data == csv_name and same_flags:
+            picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
+    if picked:
+        note = ""
+        if stand_in:
+            note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
+                    f"{defaults.model}, a reference rather than a target")
+        return picked, note
+    named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
+    if model != _model_name(defaults.model):
+        named.insert(0, f"--model {args.model}")
+    kinds = {r.data for r in rows}                   # "": text files; else the CSVs the rows need
+    if csv_name not in kinds or (csv_name and "" in kinds):   # data no row has, or a script's other form
+        named.insert(0, f"--data {Path(args.data).name}")
+    return [], f"the paper reports no row for {' '.join(named) or 'these flags'}"

@@ -70,7 +70,7 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a folder, not a file. Pass {what}.")
     if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python common.py download` "
+        raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python tools/download.py` "
                         f"for {download}.")
     raw = path.read_bytes()
     try:
@@ -172,4 +172,4 @@ def check_sts_dir(sts_dir: str | Path) -> None:
     """--sts_dir holds SentEval's layout: checked by start and before every evaluation."""
     if not is_sts_dir(sts_dir):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
-                        f"Run `python common.py download` and pass --sts_dir data/sts.")
+                        f"Run `python tools/download.py --what sts` and pass --sts_dir data/sts.")

@@ -3,9 +3,10 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
-`python ifcl.py --data data/wiki1m_for_simcse.txt` makes this same file itself on its first run (through
-this module); left without --out, the file goes where ifcl.py looks for it,
-<data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on
+`python ifcl.py --data data/wiki1m_for_simcse.txt` makes this same file itself on its first run,
+through one call into this module (fraternal_file, at the end: the file checked before anything
+loads, made after common.start, then read); left without --out, the file goes where ifcl.py
+looks for it, <data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on
 CUDA, the batch halved when the GPU runs out of memory), with a progress bar, and resumable:
 lines go to <out>.part in chunks of the input's order (flushed after each), beside
 <out>.part.json, which says what is being translated; <out> appears only when every line is
@@ -23,9 +24,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from plumbing import downloads
 from plumbing.atomic_writes import write_text_atomic
 from plumbing.flags import arg, parse_args
 from plumbing.inputs import count_lines, default_cache_dir, read_sentences
@@ -290,6 +293,80 @@ def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch
             except OSError:
                 pass
         raise
+
+
+# -------------------------------------------------------------------------------------
+# ifcl.py's German file, behind one call: fraternal_file(args) before common.start checks it
+# (and names the file a first run makes); .sentences() after start makes it if needed and reads it
+# -------------------------------------------------------------------------------------
+
+def translate_command(data: str, out: str | None = None, mt_model: str = "t5-base") -> str:
+    """The command that makes a German file of `data` on its own, as a user types it."""
+    out = f" --out {out}" if out else ""
+    return f"python tools/translate.py --data {data}{out} --mt_model {mt_model}"
+
+
+@dataclass
+class FraternalFile:
+    """--fraternal_data of an IFCL run: a file of the user's, or the German file this run makes
+    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`."""
+    path: Path
+    data: str
+    mt_model: str
+    made_here: bool
+    to_make: bool
+
+    def sentences(self, n: int, device: torch.device) -> list[str]:
+        """After common.start (the flags and --data checked, the run folder held): on the first run
+        rank 0 translates --data while the other ranks wait for the file; then the German lines,
+        one per English sentence of --data (`n` of them, blank lines skipped in both)."""
+        if self.to_make:
+            make_fraternal_file(self.data, self.path, self.mt_model, device)
+        return self.read(n)
+
+    def read(self, n: int) -> list[str]:
+        """The German lines, `n` of them: a file of another length is refused, saying what to do."""
+        de = read_sentences(self.path, "--fraternal_data")
+        if len(de) == n:
+            return de
+        if self.made_here:
+            raise UserError(f"{self.path} (the German file made earlier from a --data of this name with "
+                            f"--mt_model {self.mt_model}) has {len(de)} sentences but --data {self.data} "
+                            f"has {n}: --data has changed since. Delete {self.path} to translate --data "
+                            f"again, or pass a parallel file with --fraternal_data.")
+        raise UserError(f"--fraternal_data {self.path} has {len(de)} sentences but --data {self.data} has "
+                        f"{n}: the files must be parallel, line by line. Make it again with "
+                        f"`{translate_command(self.data, f'{self.path}.new', self.mt_model)}`, or leave "
+                        f"--fraternal_data out to have it made on the first run.")
+
+
+def fraternal_file(args: Any) -> FraternalFile:
+    """ifcl.py's one call for its German side, before common.start, so before any model loads or
+    anything is written. --data is checked first (unless it is a default file common.start
+    downloads): a missing one is named as --data. --fraternal_data left out becomes the file made
+    from --data (default_fraternal_path; args.json records it). A file of the user's must exist
+    and be parallel to --data; one that this run is to make needs a loadable --mt_model, and rank 0
+    removes an earlier launch's failure marker before the ranks meet in common.start."""
+    if not downloads.fetched_on_first_use(args.data):
+        read_sentences(args.data, "--data")       # a missing or unreadable --data, named as such
+    made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
+    if not args.fraternal_data:                   # made from --data on the first run, then reused
+        args.fraternal_data = str(made)
+    german = FraternalFile(Path(args.fraternal_data), args.data, args.mt_model,
+                           made_here=args.fraternal_data == str(made), to_make=False)
+    if german.path.is_file():
+        if Path(args.data).is_file():             # parallel to --data, line by line
+            german.read(len(read_sentences(args.data, "--data")))
+        return german
+    if not german.made_here:
+        raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
+                        f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
+                        f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
+    check_mt_model(args.mt_model)                 # the first run: the file will be made
+    if int(os.environ.get("RANK", "0")) == 0:     # an earlier launch's failure goes before the ranks meet
+        failure_marker(german.path).unlink(missing_ok=True)
+    german.to_make = True
+    return german
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -1,13 +1,11 @@
-"""common.py: flags, data checks, the token cache, the STS evaluator, checkpoints, downloads."""
+"""common.py: flags, data checks, the token cache, the STS evaluator, checkpoints (the downloads:
+tests/test_download.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import json
 import re
-import tarfile
-import threading
 import typing
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
-from plumbing import atomic_writes, downloads, export, inputs, process, run_folder
+from plumbing import atomic_writes, export, inputs, process, run_folder
 
 # ------------------------------------------------------------------ flags
 
@@ -416,105 +414,6 @@ def test_checkpoint_loads_in_automodel_and_sentence_transformers(tiny_bert, tmp_
     assert json.loads((tmp_path / "ckpt" / "x.json").read_text()) == {"a": 1}
 
 
-# ------------------------------------------------------------------ download
-
-
-class _Server:
-    """A static HTTP server on 127.0.0.1 that counts requests per path."""
-
-    def __init__(self, root: Path):
-        counts: dict[str, int] = {}
-
-        class H(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *a, **k):
-                super().__init__(*a, directory=str(root), **k)
-
-            def do_GET(self):
-                counts[self.path] = counts.get(self.path, 0) + 1
-                super().do_GET()
-
-            def log_message(self, *a):
-                pass
-
-        self.counts = counts
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *a):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def _senteval_tar(dest: Path, sts_dir: Path, drop: str | None = None) -> None:
-    """SentEval's archive layout (downstream/STS, downstream/SICK), optionally with a file left out."""
-    with tarfile.open(dest, "w") as tf:
-        for sub in ("STS", "SICK"):
-            for p in sorted((sts_dir / sub).rglob("*")):
-                if p.is_file() and (drop is None or p.name != drop):
-                    tf.add(p, arcname=f"downstream/{p.relative_to(sts_dir)}")
-
-
-def test_download_checks_content_and_skips_present(tmp_path, full_sts, capsys):
-    srv_root = tmp_path / "srv"
-    srv_root.mkdir()
-    (srv_root / downloads.WIKI1M).write_text("".join(f"sentence {i}\n" for i in range(50)))
-    (srv_root / downloads.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n\"d, e\",f,g\n")
-    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts)
-    dest = tmp_path / "data"
-    with _Server(srv_root) as srv:
-        got = downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)
-        assert (dest / downloads.WIKI1M).read_text().count("\n") == 50
-        assert (dest / downloads.NLI).exists()
-        common.check_sts(got["sts"])
-        assert sorted(p.name for p in dest.iterdir()) == sorted([downloads.WIKI1M, downloads.NLI, "sts"])
-        before = dict(srv.counts)
-        downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)  # all present: no request
-        assert srv.counts == before
-        assert "present, not fetched again" in capsys.readouterr().err
-
-
-def test_download_rejects_corrupt_files(tmp_path, full_sts):
-    srv_root = tmp_path / "srv"
-    srv_root.mkdir()
-    (srv_root / downloads.WIKI1M).write_text("".join(f"s {i}\n" for i in range(49)))  # truncated
-    (srv_root / downloads.NLI).write_text("premise,hypothesis\na,b\n")
-    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts, drop="STS.gs.FNWN.txt")
-    dest = tmp_path / "data"
-    with _Server(srv_root) as srv:
-        with pytest.raises(UserError, match=r"wiki1m_for_simcse.txt: 49 lines where 50"):
-            downloads.download(dest, common.check_sts, srv.url, what=["wiki1m"], wiki1m_lines=50)
-        with pytest.raises(UserError, match="header"):
-            downloads.download(dest, common.check_sts, srv.url, what=["nli"])
-        with pytest.raises(UserError, match="STS13 cannot be read"):
-            downloads.download(dest, common.check_sts, srv.url, what=["sts"])
-        with pytest.raises(UserError, match="could not download"):
-            downloads.download(dest, common.check_sts, srv.url + "/nothing-here", what=["nli"])
-    # nothing that looks finished was left behind
-    assert not (dest / downloads.WIKI1M).exists() and not (dest / downloads.NLI).exists()
-    assert not (dest / "sts").exists() and not list(dest.glob("*.part"))
-
-
-def test_download_cli_rejects_short_wiki1m(tmp_path):
-    """The command line, with the real expected count: a short file is refused."""
-    import subprocess
-    import sys
-    srv_root = tmp_path / "srv"
-    srv_root.mkdir()
-    (srv_root / downloads.WIKI1M).write_text("only\nthree\nlines\n")
-    with _Server(srv_root) as srv:
-        r = subprocess.run([sys.executable, str(Path(common.__file__)), "download", "--dest",
-                            str(tmp_path / "d"), "--base_url", srv.url, "--what", "wiki1m"],
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2
-    assert "3 lines where 1000000 were expected" in r.stderr
-    assert not (tmp_path / "d" / downloads.WIKI1M).exists()
-
-
 def test_ctrl_c_says_how_to_continue(capsys):
     def main(argv):
         raise KeyboardInterrupt
@@ -527,7 +426,7 @@ def test_ctrl_c_says_how_to_continue(capsys):
 
 
 READER_SECTIONS = ["Flags", "Data", "Models", "STS evaluation", "The paper's rows", "Distributed",
-                   "Start-up", "The loop's parts", "The step", "The loop", "The command line"]
+                   "Start-up", "The loop's parts", "The step", "The loop"]
 # what keeps a run safe, which common.py leaves to plumbing/: locks, renames, syncs, saves, hashes, downloads
 PLUMBING_CALLS = re.compile(r"\b(fcntl\.flock|os\.replace|os\.rename|os\.fsync|torch\.save|hashlib\.|"
                             r"urlopen|shutil\.rmtree|tempfile\.|np\.savez|signal\.signal)\b")
@@ -559,6 +458,55 @@ def test_common_reads_top_down_for_a_reader():
     names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     assert names[names.index("train") - 1] == "train_step"
     assert max(len(line) for line in lines) <= 110
+
+
+@pytest.mark.parametrize("script", ["simcse", "focal_infonce", "ifcl", "conisi", "rcl"])
+def test_each_script_opens_on_its_paper(script):
+    """A script's first screen is its paper: the docstring in at most 30 lines (the paper, its
+    BibTeX key, how to run it: the default, a quick CPU run, an ablation; its page in docs/, which
+    holds the rest), and the first equation, the first `# Eq. (` line, by line 140."""
+    import ast
+
+    from conftest import ROOT
+    source = (ROOT / f"{script}.py").read_text(encoding="utf-8")
+    first = ast.parse(source).body[0]
+    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant), "no module docstring"
+    assert first.end_lineno <= 30, f"{script}.py: its docstring runs to line {first.end_lineno}"
+    doc = first.value.value
+    assert "BibTeX key:" in doc and f"docs/{script}.md" in doc and "Run" in doc
+    assert len(re.findall(rf"^\s*python {script}\.py", doc, flags=re.M)) >= 3
+    eq = next(n for n, line in enumerate(source.splitlines(), 1) if "# Eq. (" in line)
+    assert eq <= 140, f"{script}.py: the first equation is at line {eq}"
+
+
+def test_common_is_a_module_not_a_command():
+    """common.py has no command line: no `if __name__ == "__main__":`, no cli(), no argument
+    dataclasses of commands (evaluation and download are tools/eval.py and tools/download.py),
+    and which paper rows a run's flags select is plumbing.flags.select_rows."""
+    import ast
+
+    from conftest import ROOT
+    from plumbing import flags
+    tree = ast.parse((ROOT / "common.py").read_text(encoding="utf-8"))
+    mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert mains == []
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert not defined & {"cli", "EvalArgs", "DownloadArgs", "select_rows", "_same"}, defined
+    assert not hasattr(common, "ROW_FREE") and flags.ROW_FREE
+    assert common.select_rows is flags.select_rows            # what final_report calls
+
+
+def test_no_text_a_user_reads_names_python_common_py():
+    """README, docs/, the scripts, common.py, plumbing/ and tools/ (their --help, docstrings, comments
+    and errors) name `python tools/eval.py` and `python tools/download.py`, never the old
+    `python common.py eval | download`."""
+    from conftest import ROOT
+    files = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("*.py"), *ROOT.glob("plumbing/*.py"),
+             *ROOT.glob("tools/*.py")]
+    hits = [f"{f.relative_to(ROOT)}:{n}: {line.strip()}" for f in files
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+            if re.search(r"python common\.py", line)]
+    assert len(files) > 20 and not hits, "\n".join(hits)
 
 
 def _import_graph() -> dict[str, list[str]]:

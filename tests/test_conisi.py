@@ -624,8 +624,8 @@ def test_o1_row_without_content_takes_another_sentence(tiny_model, tiny_tok):
 
 
 def paper_rows(*argv: str) -> tuple[dict[str, common.PaperRow], str]:
-    """The rows of PAPER_ROWS a command's flags select, by label, and the note (common.select_rows)."""
-    picked, note = common.select_rows(common.parse_args(conisi.Args, list(argv)), conisi.PAPER_ROWS)
+    """The rows of PAPER_ROWS a command's flags select, by label, and the note (flags.select_rows)."""
+    picked, note = flags.select_rows(common.parse_args(conisi.Args, list(argv)), conisi.PAPER_ROWS)
     return dict(picked), note
 
 

@@ -17,7 +17,8 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT
-from tools import bench, compare, translate
+from tools import bench, compare, download, translate
+from tools import eval as eval_tool
 
 SCRIPTS = {"simcse": simcse, "focal_infonce": focal_infonce, "ifcl": ifcl, "conisi": conisi, "rcl": rcl}
 
@@ -41,7 +42,7 @@ SHARED = [
     (["--tau", "0"], r"--tau 0\.0: must be > 0"),
     (["--tau", "-0.05"], r"--tau -0\.05: must be > 0"),
     (["--sts_dir", "{tmp}/no-sts"], r"--sts_dir .*no-sts: expected STS/ and SICK/ inside.*python "
-                                    r"common\.py download"),
+                                    r"tools/download\.py --what sts"),
     (["--data", "{tmp}/missing.txt"], r"--data .*missing\.txt: no such file"),
     (["--data", "{tmp}/empty.txt"], r"--data .*empty\.txt: the file has no sentences"),
     (["--data", "{tmp}/latin1.txt"], r"--data .*latin1\.txt: line 2 is not UTF-8.*iconv"),
@@ -95,9 +96,7 @@ OWN = {
             (["--stop_every", "0"], r"--stop_every 0: must be >= 1\. Pass a value in range, e\.g\. the "
                                     r"default --stop_every 50"),
             (["--tau", "0"], r"--tau 0\.0: must be > 0\. The paper's equations have no temperature; ours "
-                             r"is 0\.05"),
-            (["--phi", "0.01", "0.01"], r"--phi 0\.01 0\.01: each value trains one entropy model; give "
-                                        r"every value once")],
+                             r"is 0\.05")],
 }
 CASES = [(s, flags, msg) for s in SCRIPTS for flags, msg in SHARED + OWN[s]]
 
@@ -164,10 +163,12 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
 @pytest.mark.parametrize("main,argv,msg", [
     (translate.main, ["--chunk_size", "0"], "--chunk_size 0: must be >= 1"),
     (translate.main, ["--num_beams", "0"], "--num_beams 0: must be >= 1"),
-    (common.cli, ["eval", "--batch_size", "0"], "--batch_size 0: must be >= 1"),
+    (eval_tool.main, ["--batch_size", "0"], "--batch_size 0: must be >= 1"),
+    (eval_tool.main, ["--split", "dev", "--tasks", "STS12"], "--tasks STS12 with --split dev: only"),
+    (download.main, ["--what", "glove"], "argument --what: invalid choice: 'glove'"),
     (compare.main, ["somewhere", "--batch_size", "-1"], "--batch_size -1: must be >= 1"),
     (bench.main, ["--steps", "0"], "--steps 0: must be >= 1"),
-], ids=["translate-chunk", "translate-beams", "eval", "compare", "bench-steps"])
+], ids=["translate-chunk", "translate-beams", "eval", "eval-dev-tasks", "download", "compare", "bench-steps"])
 def test_the_other_commands_check_their_flags_too(main, argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         common.run_main(main, argv)

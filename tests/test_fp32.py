@@ -39,7 +39,7 @@ def _inputs(name: str) -> tuple[list, dict]:
         "identical_loss": ([h, near(h), r(M, D), torch.rand(M, generator=g) * 0.9 + 0.1, 0.05], {}),
         "fraternal_loss": ([h, near(h), 0.05], {}),
         "twins_loss": ([h, near(h), near(h), 0.5 * r(N)], {}),
-        "innate_margin": ([r(N, L, D), r(N, L, D), r(N, L, D), mask, torch.ones_like(mask)], {}),
+        "innate_margin": ([r(N, L, D), r(N, L, D), r(N, L, D), mask], {}),
         "conisi_contrastive_loss": ([h, near(h), 0.05], {}),
         "interactive_loss": ([r(N), r(N)], {}),
         "conisi_loss": ([h, near(h), r(N), r(N), 0.05, 0.1], {}),

@@ -17,7 +17,7 @@ import common
 import rcl
 import simcse
 from conftest import CORPUS_LINES
-from plumbing import atomic_writes, export, inputs, run_folder
+from plumbing import atomic_writes, export, flags, inputs, run_folder
 
 # ------------------------------------------------------------------------------------
 # Per-row references, straight from the paper's formulas (with tau, as rcl.py reads them)
@@ -808,11 +808,11 @@ def test_summary_shows_each_row_entropy_beside_the_phi_zero_model():
 
 
 # ------------------------------------------------------------------------------------
-# The paper's rows a command selects (PAPER_ROWS through common.select_rows), and a run's end
+# The paper's rows a command selects (PAPER_ROWS through flags.select_rows), and a run's end
 # ------------------------------------------------------------------------------------
 
 def paper_rows(*argv: str) -> tuple[dict[str, common.PaperRow], str]:
-    picked, note = common.select_rows(common.parse_args(rcl.Args, list(argv)), rcl.PAPER_ROWS)
+    picked, note = flags.select_rows(common.parse_args(rcl.Args, list(argv)), rcl.PAPER_ROWS)
     return dict(picked), note
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import common
 from conftest import ROOT
+from plumbing import flags
 
 SCRIPTS = ("simcse", "focal_infonce", "ifcl", "conisi", "rcl")
 NUMBER = re.compile(r"-?\d+\.\d+")
@@ -69,12 +70,12 @@ def checked_rows(script: str, header: str, row: str, published: list[float], com
     rows its command picks, the note). None: not a training run, or a row that says no row."""
     argv = shlex.split(command)
     target = argv[1].removesuffix(".py")
-    if target not in SCRIPTS:                 # python common.py eval ...: no training run
+    if target not in SCRIPTS:                 # python tools/eval.py ...: no training run
         return None, [], ""
     assert target == script, (script, command)
     module = importlib.import_module(target)
     args = common.parse_args(module.Args, argv[2:])
-    picked, note = common.select_rows(args, module.PAPER_ROWS)
+    picked, note = flags.select_rows(args, module.PAPER_ROWS)
     if row.startswith("ours") or not published:
         return None, picked, note
     if header == HEADERS[0]:
@@ -118,7 +119,7 @@ def test_every_paper_row_is_well_formed():
     for script in SCRIPTS:
         module = importlib.import_module(script)
         fields = {f.name for f in dataclasses.fields(module.Args)}
-        free = set(common.NOT_TRAINING) | set(common.ROW_FREE) | set(module.Args.row_free) | {"model"}
+        free = set(common.NOT_TRAINING) | set(flags.ROW_FREE) | set(module.Args.row_free) | {"model"}
         for r in module.PAPER_ROWS:
             assert r.split in ("test", "dev") and r.figures, r
             assert set(r.figures) <= set(common.FIGURE_KEYS), r

@@ -19,6 +19,7 @@ import torch
 import common
 import simcse
 from conftest import ROOT
+from plumbing import flags
 
 
 def cos(a, b):
@@ -554,7 +555,7 @@ def test_supervised_rows_end_to_end(tmp_path, tiny_bert, small_sts, nli_csv, cac
 
 def _labels(command: str) -> tuple[set[str], str]:
     args = common.parse_args(simcse.Args, shlex.split(command))
-    picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+    picked, note = flags.select_rows(args, simcse.PAPER_ROWS)
     return {label for label, _ in picked}, note
 
 
@@ -604,7 +605,7 @@ def test_a_flag_no_row_covers_prints_the_note(command, named):
 def test_a_model_the_paper_did_not_train_shows_bert_base_rows():
     args = common.parse_args(simcse.Args, ["--model", "sentence-transformers/all-MiniLM-L6-v2",
                                            "--fixed_mask"])
-    picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+    picked, note = flags.select_rows(args, simcse.PAPER_ROWS)
     assert [label for label, _ in picked] == ["Tab. 3 Fixed 0.1 [paper: bert-base-uncased]"]
     assert "all-MiniLM-L6-v2 is not a model the paper trained" in note
 
@@ -650,7 +651,7 @@ def test_the_readme_rows_beside_the_paper_table():
         cmd = re.search(r"`python simcse\.py([^`]*)`", command).group(1)
         figures = [float(x) for x in re.findall(r"\d+\.\d+", published)]
         args = common.parse_args(simcse.Args, shlex.split(cmd))
-        picked, note = common.select_rows(args, simcse.PAPER_ROWS)
+        picked, note = flags.select_rows(args, simcse.PAPER_ROWS)
         if figures:
             assert figures in [r.headline() for _, r in picked], (row, cmd, picked)
         else:

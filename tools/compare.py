@@ -200,7 +200,7 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
         elif t != tasks:
             raise UserError(f"{r['path']}: its best/test_metrics.json holds {', '.join(t)}, but {first}'s "
                             f"holds {', '.join(tasks)}. Compare runs evaluated on the same tasks (in "
-                            f"separate commands), or re-evaluate one with `python common.py eval --model "
+                            f"separate commands), or re-evaluate one with `python tools/eval.py --model "
                             f"{r['path']}/best --output ...`.")
     tasks = tasks or (result_tasks(baseline[1]) if baseline else list(STS_TASKS))
     rows = []
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(Args, argv, description=__doc__, prog="python tools/compare.py")
     if not args.runs:
         raise UserError("give at least one run folder, e.g. `python tools/compare.py runs/simcse "
-                        "runs/focal_infonce` (to score an encoder alone: `python common.py eval`).")
+                        "runs/focal_infonce` (to score an encoder alone: `python tools/eval.py`).")
     if args.pooler != "cls_before_pooler" and not args.baseline:
         raise UserError("--pooler applies to the --baseline row only: add --baseline MODEL, or drop "
                         "--pooler.")
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"note: {r['path']}: no alignment/uniformity in metrics.jsonl (a log from before "
                       f"they were recorded): left out of the alignment-uniformity panel", file=sys.stderr)
     start = None
-    if args.baseline:   # the untrained encoder, evaluated as `python common.py eval` does
+    if args.baseline:   # the untrained encoder, evaluated as `python tools/eval.py` does
         tasks = table["tasks"] if table else None
         encode = common.saved_encoder(args.baseline, args.pooler, args.batch_size)
         res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test")
