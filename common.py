@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from plumbing import downloads, flags, inputs
+from plumbing import downloads, flags, inputs, process
 from plumbing.command_line import run_main
 from plumbing.compiled_step import fast_forward
 from plumbing.flags import NOT_TRAINING, arg, parse_args
@@ -682,6 +682,7 @@ def start(args: TrainArgs) -> torch.device:
     on the data settled; the seed; the run folder, held, with its record (args.json, run.json)."""
     device = init_distributed()
     args.check()                                    # the flags on their own
+    process.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
     if world()[0] == 0:                             # the default data, into data/ on first use
         downloads.on_first_use(args.data, args.sts_dir, check_sts)
     barrier()
