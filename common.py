@@ -690,6 +690,8 @@ def start(args: TrainArgs) -> torch.device:
     rows = data_rows(args.data)
     inputs.check_batch(rows, args.batch_size, args.data, world()[1])
     inputs.check_sts_dir(args.sts_dir)
+    check_sts_files(args.sts_dir)
+    inputs.check_model_folder(args.model)           # a local folder's files whole (weights, JSON)
     positions = encoder_positions(args.model)
     if args.max_len > positions:
         raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
@@ -698,6 +700,18 @@ def start(args: TrainArgs) -> torch.device:
     seed_everything(args.seed)
     open_run(args)          # held by this process; its record written, or --resume held to it
     return device
+
+
+def check_sts_files(sts_dir: str | Path) -> None:
+    """Every STS file a run reads (the dev sets at each evaluation, the 7 test sets at the end),
+    read now: a missing or damaged one is named before anything is written."""
+    dev = [("STSBenchmark", "dev"), ("SICKRelatedness", "dev")]
+    for task, split in [(t, "test") for t in STS_TASKS] + dev:
+        try:
+            load_sts_pairs(sts_dir, task, split)
+        except (OSError, ValueError, IndexError) as e:      # UnicodeDecodeError is a ValueError
+            raise UserError(f"--sts_dir {sts_dir}: {task} ({split}) cannot be read ({e}). Pass the folder "
+                            f"of SentEval's STS data. {downloads.RETRY}")
 
 
 # =====================================================================================
@@ -850,6 +864,9 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
     uniformity, print them beside the paper's rows that the flags select, and keep all of it
     (with the pooler: tools/compare.py labels the run with it) in best/test_metrics.json."""
+    if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
+        raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
+                        f"another --output_dir.")
     encode = saved_encoder(best_dir, pooler)
     res = evaluate_sts(encode, args.sts_dir)
     res.update(alignment_uniformity(encode, args.sts_dir))
