@@ -2,18 +2,22 @@
 and a fingerprint of the data) is written once and --resume is held to it; metrics.jsonl is only
 appended to; last/ is the one commit point (all --resume needs, with a checksum beside it); best/
 is the best STS-B dev's model; a run that trains several models (rcl.py) keeps each in a stage of
-its own. Every write ends, if the system refuses it, in one line that names what is intact."""
+its own. The folder holds only what its
+run wrote: an entry that is a link (or a pipe, a device) is refused, nothing is written through
+one. Every write ends, if the system refuses it, in one line that names what is intact."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import pickle
 import shlex
 import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,10 +25,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm  # comes with transformers
 
-from plumbing import process
+from plumbing import atomic_writes, process
 from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to_disk, write_text_atomic
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, script_name
+from plumbing.inputs import model_folder_problem
 from plumbing.process import NO_CHECKPOINT, UserError, barrier, checkpoint_kept, intact, world, writing
 
 try:
@@ -34,69 +39,125 @@ except ImportError:                    # Windows
 
 CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 DONE = "DONE.json"              # a stage's summary, written once the stage is complete
+LOCK = "run.lock"               # names the process that holds the folder
 
 
 # -------------------------------------------------------------------------------------
 # One process a run folder; the run's record
 # -------------------------------------------------------------------------------------
 
-# the run folders this process holds: resolved path -> the open lock file (its flock lives with it)
-held_locks: dict[str, Any] = {}
+# the run folders this process holds: resolved path -> (the folder's descriptor, the open lock file);
+# their flocks live with them
+held_locks: dict[str, tuple[int, Any]] = {}
 
 
-LOCK = "run.lock"
+def _in_use(folder: str | Path) -> UserError:
+    """The line for a folder another process holds, named by run.lock (read without following a link)."""
+    try:
+        with open(Path(folder) / LOCK, opener=atomic_writes.no_follow) as f:
+            holder = f.read().strip()
+    except (OSError, ValueError):
+        holder = ""
+    return UserError(f"--output_dir {folder} is in use by {holder or 'another process'}. One process at a "
+                     f"time trains in a run folder: wait for that one to end (or stop it), then continue "
+                     f"the run with --resume; or choose another --output_dir.")
 
 
 def hold_run_folder(folder: str | Path) -> None:
-    """Take `folder` for this process: a flock on <folder>/run.lock, which the system drops when the
-    process ends however it ends (kill -9 too), so a dead run blocks no --resume. A second process
-    stops here, told which process holds it; a folder that cannot be written refuses the command.
-    The stages inside a run folder are held with it. NOTE(ours): no fcntl (Windows), no lock."""
+    """Take `folder` for this process: a flock on the folder itself and on <folder>/run.lock (which
+    names this process), both dropped by the system when the process ends however it ends (kill -9
+    too), so a dead run blocks no --resume, and a run.lock deleted under a live run frees nothing.
+    A second process stops here, told which process holds it; a folder that cannot be written, or
+    whose run.lock is a link, refuses the command. The stages inside a run folder are held with it.
+    NOTE(ours): no fcntl (Windows), no lock; a file system that cannot lock a folder (NFS) is held
+    by run.lock alone."""
     key = str(Path(folder).resolve())
     if key in held_locks or fcntl is None:
         return
     unwritable = f"--output_dir {folder}: cannot be written ({{}}). Choose a folder you can write to."
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        f = open(Path(folder) / LOCK, "a+")  # "a+": a process that loses must not erase the holder's line
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as e:
         raise UserError(unwritable.format(e.strerror or e))
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise UserError(f"--output_dir {folder} is in use by {holder}. One process at a time trains "
-                        f"in a run folder: wait for that one to end (or stop it), then continue the "
-                        f"run with --resume; or choose another --output_dir.")
-    try:
-        f.truncate(0)
-        f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
-        f.flush()
-    except OSError as e:                # a full disk: the lock's line is the run's first write
-        with contextlib.suppress(OSError):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(folder) from None
+        except OSError:
+            pass                           # a folder this file system cannot lock: run.lock alone
+        if problem := strange_entry(Path(folder) / LOCK):
+            raise problem
+        try:                               # "a+": a process that loses leaves the holder's line
+            f = open(Path(folder) / LOCK, "a+", opener=atomic_writes.no_follow)
+        except OSError as e:
+            raise UserError(unwritable.format(e.strerror or e))
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             f.close()
-        raise UserError(unwritable.format(e.strerror or e))
-    held_locks[key] = f
+            raise _in_use(folder) from None
+        try:
+            f.truncate(0)
+            f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+            f.flush()
+        except OSError as e:            # a full disk: the lock's line is the run's first write
+            with contextlib.suppress(OSError):
+                (Path(folder) / LOCK).unlink()        # held: no other process has its line there
+                f.close()
+            raise UserError(unwritable.format(e.strerror or e))
+    except BaseException:
+        os.close(fd)
+        raise
+    held_locks[key] = (fd, f)
 
 
 def release_run_folders(*folders: str | Path) -> None:
     """Let go of the given run folders (all, with none given): a process training several runs."""
     for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
         if k in held_locks:
-            held_locks.pop(k).close()           # closing the file drops its flock
+            fd, f = held_locks.pop(k)
+            f.close()                   # closing drops the flocks
+            os.close(fd)
+
+
+def strange_entry(path: Path) -> UserError | None:
+    """The refusal of an entry of a run folder that its run cannot have written (a symbolic link,
+    a pipe, a device), or None: a run writes nothing through a link, and trusts nothing it did not
+    write."""
+    if not os.path.lexists(path):
+        return None
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    what = f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
+        "not a file or a folder (a pipe, a device or a socket)"
+    folder = next((p for p in path.parents if str(p.resolve()) in held_locks), path.parent)
+    return UserError(f"--output_dir {folder}: {path} is {what}. A run folder holds only what its own "
+                     f"run wrote, and a run never writes through a link: remove it (or put a copy of "
+                     f"what it points to in its place), or choose another --output_dir.")
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Hold the run folder (a second process stops here); refuse an earlier run's folder unless
-    --resume, and a folder that cannot be written."""
+    """Hold the run folder (a second process stops here); refuse a folder with an entry that is a
+    link, an earlier run's folder unless --resume, and a folder that cannot be written."""
     out = Path(output_dir)
     new = not out.exists()
-    hold_run_folder(out)
+    try:
+        hold_run_folder(out)
+    except UserError:
+        if new:                                     # the folder this call made, if it is empty
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
     stages = any(out.glob("*/metrics.jsonl")) or any(out.glob(f"*/{DONE}"))      # rcl.py's entropy models
-    if not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists() or stages):
+    linked = next((e for root, dirs, files in os.walk(out) for name in dirs + files
+                   if (e := strange_entry(Path(root) / name))), None)
+    if linked is not None:
+        error = linked
+    elif not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists() or stages):
         error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
                           f"choose another --output_dir (or delete the folder) to start afresh.")
     # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
@@ -114,19 +175,54 @@ def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
     raise error
 
 
+def read_record(path: Path, remedy: str = "Put the file back, or train the run again in another "
+                                          "--output_dir.") -> dict:
+    """A JSON object of the run's record (args.json, run.json, a stage's DONE.json), or one line
+    that names it as damaged, and what to do (`remedy`)."""
+    try:
+        record = json.loads(path.read_bytes())
+        why = "not an object of settings"
+    except (OSError, ValueError) as e:            # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        record, why = None, str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+    if not isinstance(record, dict):
+        raise UserError(f"{path}: cut short or damaged ({why}), and left as it is: what this run was cannot "
+                        f"be checked against it. {remedy}")
+    return record
+
+
+@functools.lru_cache(maxsize=4)
+def _fingerprint(path: str, stamp: tuple) -> str:
+    return sha256_file(path)
+
+
+def data_fingerprint(path: str | Path) -> str:
+    """The SHA-256 of --data's content, computed once while the file is unchanged."""
+    st = os.stat(path)
+    return _fingerprint(str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino))
+
+
+def training_flags(args: Any) -> dict:
+    """The flags that say what a run trains, as args.json holds them: all but NOT_TRAINING, and
+    --data, whose content the identity holds (its fingerprint), not its path."""
+    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
+    return {k: v for k, v in flags.items() if k not in (*NOT_TRAINING, "data")}
+
+
 def record_run(out: Path, args: Any) -> None:
     """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
     are written once, when the run starts. On --resume the command is held to them first:
     any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    run = {"script": f"{script_name(args)}.py", "data_sha256": sha256_file(args.data)}
+    run = {"script": f"{script_name(args)}.py", "data_sha256": data_fingerprint(args.data)}
     if args.resume and (out / "args.json").is_file():
-        then = json.loads((out / "args.json").read_text())
-        then_run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+        then = read_record(out / "args.json")
+        then_run = read_record(out / "run.json") if (out / "run.json").is_file() else {}
         diffs = [f"  --{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in flags.items()
                  if k not in NOT_TRAINING and then.get(k) != v]
         if then_run.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:
             diffs.append(f"  --data {args.data}: its content is not the data the run started with")
+        if then_run.get("script", run["script"]) != run["script"]:
+            diffs.append(f"  the script: the run is {then_run['script']}'s, this command {run['script']}")
         if diffs:
             raise UserError(f"--resume: this command would train another run than the one in {out}, "
                             f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
@@ -363,7 +459,12 @@ class Stage:
         done = self.path / DONE
         if not done.is_file():
             return None
-        summary = json.loads(done.read_text())
+        again = f"Delete {self.path} to train this model again (the run's other parts are kept), or use " \
+                f"another --output_dir."
+        summary = read_record(done, again)
+        for kept in ("end", "best"):        # the weights a finished stage hands on
+            if (problem := model_folder_problem(self.path / kept)) and (self.path / kept).exists():
+                raise UserError(f"--resume: {problem}. {again}")
         diff = [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]
         if diff:
             raise UserError(f"--resume: {self.path} was trained with a different "
