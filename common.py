@@ -810,7 +810,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch = {column:
     {"input_ids", "attention_mask"}}. should_stop(step, mean loss since its last call), called
     every should_stop.every steps (default: at evaluations), ends training when it returns
-    True; the run is evaluated and checkpointed at that step."""
+    True; the run is evaluated and checkpointed at that step. What a checkpoint keeps, which
+    model is best and when to stop are decided here; RunFolder only writes and reads them."""
     rank, world_size = world()
     device = next(model.parameters()).device
     mlp = model.mlp if pooler == "cls" else None
@@ -827,12 +828,24 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
-    run = RunFolder(args, total, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
-                    (model.encoder, tokenizer, pooler, mlp))
-    step = run.resume() if args.resume else 0                        # last/, its step and state
+    run = RunFolder(args, (model.encoder, tokenizer, pooler, mlp))
+    # the loop's state: the last evaluation, the best, should_stop's verdict and the loss since it last looked
+    step, dev, best, best_step, stopped, since = 0, None, -math.inf, 0, False, [0.0, 0]
+    if args.resume and (ckpt := run.load_last()) is not None:     # this run's last/: data only, checked
+        with run.restoring():                                      # a state that does not fit: one line
+            for name, part in (("model", model), ("opt", opt), ("sched", sched)):
+                part.load_state_dict(ckpt[name])
+            if hasattr(should_stop, "load_state_dict") and ckpt.get("should_stop") is not None:
+                should_stop.load_state_dict(ckpt["should_stop"])
+            torch.set_rng_state(ckpt["rng_cpu"])
+            if torch.cuda.is_available() and ckpt.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng_cuda"])
+            step, dev, best, best_step = ckpt["step"], ckpt["dev"], ckpt["best"], ckpt["best_step"]
+            stopped, since = bool(ckpt.get("stopped_early")), list(ckpt.get("since_check") or [0.0, 0])
+        run.resumed(ckpt)                  # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
     bar = progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step)
-    while step < total and not run.stopped_early:
+    while step < total and not stopped:
         epoch, b = divmod(step, steps_per_epoch)
         idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
         batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
@@ -840,20 +853,39 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         step += 1
         meter.add(loss, stats)
         bar.update(1)
-        run.early_stop(step, loss)                                    # should_stop's verdict (rcl.py)
-        evaluate_now = step % args.eval_every == 0 or step == total or run.stopped_early
+        if should_stop is not None:                     # rcl.py's early stop
+            since = [since[0] + loss, since[1] + 1]                    # on the device: no wait
+            if step % getattr(should_stop, "every", args.eval_every) == 0 or step == total:
+                stopped, since = bool(should_stop(step, float(since[0]) / since[1])), [0.0, 0]
+        evaluate_now = step % args.eval_every == 0 or step == total or stopped
         if step % args.log_every == 0 or evaluate_now:
             if not meter.finite():
                 bar.close()
-                raise run.nan_error(step)
+                raise run.nan_error(step, best_step)
             record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
             run.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             sent_s=f"{record['sent_per_s']:.0f}")
-        if evaluate_now:                             # rank 0 evaluates; last/, best/ if the best
-            run.checkpoint(step, dev_figures(encode, args.sts_dir) if rank == 0 else None)
+        if evaluate_now and rank == 0:                  # rank 0 evaluates; last/, best/ if the best
+            dev = {"step": step, **dev_figures(encode, args.sts_dir)}
+            best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
+            dev["best_stsb_dev"] = best
+            run.write(dev)
+            run.save_last({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                           "step": step, "dev": dev, "best": best, "best_step": best_step,
+                           "stopped_early": stopped, "since_check": [float(since[0]), since[1]],
+                           "should_stop": getattr(should_stop, "state_dict", lambda: None)(),
+                           "rng_cpu": torch.get_rng_state(), "run": run.identity,
+                           "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+            if best_step == step:
+                run.save_best(dev)
+            bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev {dev['sickr_dev']:.2f}  "
+                      f"(best {best:.2f} at step {best_step})", file=sys.stderr)
+        if evaluate_now:
+            barrier()                                   # every rank waits for rank 0's checkpoint
     bar.close()
-    result = run.result(step)
+    result = {"best_dev": best, "best_step": best_step, "steps": step, "total": total, "test": None,
+              "stopped_early": stopped and step < total, "last_dev": (dev or {}).get("stsb_dev")}
     if final_eval and rank == 0:
         result["test"] = final_report(run.out / "best", args, pooler, paper_rows)
     barrier()

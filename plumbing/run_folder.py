@@ -1,8 +1,8 @@
 """The run folder (--output_dir): one process holds it; its record (args.json, run.json: the flags
 and a fingerprint of the data) is written once and --resume is held to it; metrics.jsonl is only
-appended to; last/ is the one commit point (all --resume needs, with a checksum beside it); best/
-is the best STS-B dev's model; a run that trains several models (rcl.py) keeps each in a stage of
-its own. The folder holds only what its
+appended to; last/ is the one commit point (the checkpoint train() builds, with a checksum beside
+it, refused if it carries another run's identity); best/ is the model train() chose; a run that
+trains several models (rcl.py) keeps each in a stage of its own. The folder holds only what its
 run wrote: an entry that is a link (or a pipe, a device) is refused, nothing is written through
 one. Every write ends, if the system refuses it, in one line that names what is intact."""
 
@@ -12,9 +12,8 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
-import pickle
+import re
 import shlex
 import shutil
 import stat
@@ -23,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm  # comes with transformers
 
-from plumbing import atomic_writes, process
+from plumbing import atomic_writes, interrupts, process
 from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to_disk, write_text_atomic
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, script_name
@@ -258,6 +256,22 @@ def open_run(args: Any) -> None:
     process.recorded_run = Path(args.output_dir)
 
 
+def held_to_record(folder: Path) -> bool:
+    """Whether `folder` is the run this command recorded (its flags held to args.json), or a stage of it."""
+    run = process.recorded()
+    return run is not None and run.resolve() in (folder.resolve(), folder.resolve().parent)
+
+
+def run_identity(args: Any) -> dict:
+    """What makes a run this run, which train() puts into each checkpoint: its script, its stage
+    (rcl.py's entropy models: the folder's name inside the recorded run; "" for the run itself),
+    the flags that say what it trains, and its data's fingerprint."""
+    out, run = Path(args.output_dir).resolve(), process.recorded_run
+    stage = out.name if run is not None and out.parent == run.resolve() else ""
+    return {"script": f"{script_name(args)}.py", "stage": stage, "data_sha256": data_fingerprint(args.data),
+            "flags": training_flags(args)}
+
+
 def kept_in(folder: Path) -> str:
     """What a failed write in `folder` leaves intact: its last checkpoint and, for a stage of the
     recorded run, the stages already complete beside it."""
@@ -279,163 +293,194 @@ def write_json(path: Path, obj: Any) -> None:
 # What train() keeps: the log, last/, best/
 # -------------------------------------------------------------------------------------
 
-class RunFolder:
-    """What train() keeps in --output_dir: metrics.jsonl (appended to only), last/ (all --resume
-    needs: the one commit point) and best/ (the best STS-B dev's encoder). `state`: last/'s modules
-    ({"model", "opt", "sched", "should_stop"}); `saved`: (encoder, tokenizer, pooler, mlp) for best/.
-    Rank 0 writes; every rank keeps the same counts."""
+# what every checkpoint holds, whichever version of this code wrote it
+CHECKPOINT_KEYS = {"model", "opt", "sched", "step", "best", "best_step", "dev", "log_bytes", "rng_cpu"}
 
-    def __init__(self, args: Any, total: int, state: dict, saved: tuple):
-        self.args, self.total, self.state, self.saved = args, total, state, saved
+
+class RunFolder:
+    """Where train() keeps what it decided: metrics.jsonl (appended to only), last/ (the checkpoint
+    train() builds: all --resume needs, the one commit point) and best/ (the model it chose).
+    `saved`: (encoder, tokenizer, pooler, mlp) for best/. Rank 0 writes. Each write: a signal whose
+    exception was dropped stops the run first; a write the system refuses ends it in one line."""
+
+    def __init__(self, args: Any, saved: tuple):
+        self.args, self.saved = args, saved
         self.out = Path(args.output_dir)
         self.log = self.out / "metrics.jsonl"
         self.main = world()[0] == 0
-        self.best, self.best_step = -math.inf, 0
-        self.last = None           # the last evaluation's figures
-        self.kept = kept_in(self.out)
-        self.stopped_early = False
-        self.since_check = [0.0, 0]   # should_stop's: the loss summed since it was last asked, steps
+        self.kept = kept_in(self.out)            # what a failed write leaves intact
+        self.identity = run_identity(args)
 
     def write(self, record: dict) -> None:
+        """One record of metrics.jsonl."""
+        interrupts.stop_if_signalled()
         if self.main:
-            with writing(str(self.log), self.kept), open(self.log, "a") as f:
+            with writing(str(self.log), self.kept), open(self.log, "a", opener=atomic_writes.no_follow) as f:
                 f.write(json.dumps(record) + "\n")
 
-    def early_stop(self, step: int, loss: torch.Tensor) -> bool:
-        """should_stop's verdict (rcl.py's early stopping): asked every should_stop.every steps
-        (default: at evaluations) and at the last step, with the mean loss since it was last asked,
-        which last/ keeps. Once it says stop, training stops (evaluated and checkpointed there)."""
-        stop = self.state["should_stop"]
-        if stop is None:
-            return False
-        self.since_check = [self.since_check[0] + loss, self.since_check[1] + 1]   # on the device
-        if step % getattr(stop, "every", self.args.eval_every) and step != self.total:
-            return False
-        mean = float(self.since_check[0]) / self.since_check[1]
-        self.since_check = [0.0, 0]
-        self.stopped_early = bool(stop(step, mean))
-        return self.stopped_early
-
-    def checkpoint(self, step: int, figures: dict | None) -> None:
-        """An evaluation's `figures` (rank 0's) kept, in the order a kill may interrupt: its record,
-        last/ with the log's length (a resume cuts the log back to it) and the loop's state, best/
-        if the best so far; then its line on the screen. Every rank waits for it."""
-        if self.main:
-            self._keep(step, figures)
-            tqdm.write(f"step {step}: STS-B dev {figures['stsb_dev']:.2f}  SICK-R dev "
-                       f"{figures['sickr_dev']:.2f}  (best {self.best:.2f} at step {self.best_step})",
-                       file=sys.stderr)
-        barrier()
-
-    def _keep(self, step: int, figures: dict) -> None:
-        self.last = {"step": step, **figures}
-        if self.last["stsb_dev"] > self.best:
-            self.best, self.best_step = self.last["stsb_dev"], step
-        record = dict(self.last, best_stsb_dev=self.best)
-        self.write(record)
+    def save_last(self, state: dict) -> None:
+        """last/, the one commit point: `state` (train()'s checkpoint) with the log's length, the log
+        synced first (a resume cuts the log back there), its SHA-256 beside it; swapped in whole."""
+        interrupts.stop_if_signalled()
         with writing(str(self.log), self.kept):
-            sync_to_disk(self.log)   # as long as last/ records: a resume cuts the log back there
-        stop = self.state["should_stop"]
-        state = {k: self.state[k].state_dict() for k in ("model", "opt", "sched")}
-        since = [float(self.since_check[0]), self.since_check[1]]
-        state.update({"stopped_early": self.stopped_early, "since_check": since, "dev": record,
-                      "step": step, "best": self.best, "best_step": self.best_step,
-                      "log_bytes": self.log.stat().st_size,
-                      "should_stop": getattr(stop, "state_dict", lambda: None)(),
-                      "rng_cpu": torch.get_rng_state(),
-                      "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+            sync_to_disk(self.log)
+        state = {**state, "log_bytes": self.log.stat().st_size}
         with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
             with open(tmp / "state.pt", "wb") as f:
                 torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
             # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
             (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
-        self.kept = intact(step, self.out / "last")
-        if self.best_step == step:
-            self.save_best(record)
+        self.kept = intact(state["step"], self.out / "last")
 
     def save_best(self, record: dict) -> None:
+        """best/: the encoder (and MLP) as a model folder, with the flags and its dev figures."""
+        interrupts.stop_if_signalled()
         extra = {"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record}
         with writing(str(self.out / "best"), self.kept):
             save_pretrained_dir(self.out / "best", *self.saved, extra=extra)
 
-    def resume(self) -> int:
-        """--resume: bring back what checkpoint() kept (data only: weights_only, its checksum
-        checked), cut metrics.jsonl back to last/'s length (records of steps trained again, a line
-        cut short), re-save best/ if it fell one evaluation behind. The step to go on from: 0 for a
-        run stopped before its first checkpoint."""
+    def load_last(self) -> dict | None:
+        """--resume: the checkpoint save_last() kept, or None for a run stopped before its first one
+        (its log emptied: training starts from step 0). Data only (weights_only), its checksum and
+        the run's identity checked: anything else ends here in one line, the folder as it was."""
         last = self.out / "last" / "state.pt"
         if not last.exists():
-            if self.main and self.log.exists():
-                os.truncate(self.log, 0)
             if self.main:
+                self.cut_log(0)
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
-            return 0
+            return None
         try:
             # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
             # others), and load_state_dict copies weights and AdamW's moments to the model's device
             state = torch.load(last, map_location="cpu", weights_only=True)
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
-        # bytes damaged on the disk (tensor data load without a word) or another file put in its place;
-        # a checkpoint of an earlier version of this code has no checksum beside it
+        self.check_sum(last)
+        if not isinstance(state, dict) or not CHECKPOINT_KEYS <= state.keys():
+            raise UserError(self.damaged(last, "it lacks what a checkpoint holds"))
+        self.check_identity(last, state.get("run"))
+        return state
+
+    def check_sum(self, last: Path) -> None:
+        """Bytes damaged on the disk (tensor data load without a word) or another file put in its
+        place. A checkpoint of an earlier version of this code has no checksum beside it."""
         recorded = last.with_name(CHECKSUM)
-        if recorded.is_file() and (recorded.read_text().split() or [""])[0] != sha256_file(last):
+        if not recorded.is_file():
+            return
+        digest = (recorded.read_bytes().split() or [b""])[0]
+        if not re.fullmatch(rb"[0-9a-f]{64}", digest):
+            raise UserError(f"{recorded}: not a SHA-256 line (empty, or damaged), so {last} cannot be "
+                            f"checked against it; both are left as they are. If you know state.pt is "
+                            f"whole, delete {recorded.name} and --resume loads it unchecked; else train the "
+                            f"run again in another --output_dir.")
+        if digest.decode() != sha256_file(last):
             raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
                                                f"it: damaged on the disk, or replaced"))
+
+    def check_identity(self, last: Path, then: Any) -> None:
+        """The checkpoint is this run's: the same script, stage and data, and (in a folder whose
+        record this command was held to) the same training flags. One written before checkpoints
+        carried an identity is taken as this run's, with a note."""
+        if then is None:
+            print(f"note: {last} carries no run identity (an earlier version wrote it): it cannot be "
+                  f"checked to be this run's; the next checkpoint carries it", file=sys.stderr)
+            return
+        now, then = self.identity, then if isinstance(then, dict) else {}
+        diffs = []
+        if then.get("script") != now["script"]:
+            diffs.append(f"the script {then.get('script')}")
+        if then.get("stage") != now["stage"]:
+            diffs.append(f"the stage {then.get('stage') or 'of the run itself'!r}")
+        if then.get("data_sha256") != now["data_sha256"]:
+            diffs.append("other data")
+        if held_to_record(self.out):        # the record held this command's flags: so is last/
+            flags = then.get("flags") or {}
+            diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
+                      if flags.get(k) != v]
+        if diffs:
+            raise UserError(self.damaged(last, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """The block where train() puts last/'s state back into the model, AdamW, the schedule and
+        the RNGs: a state that does not fit them (another model's weights, an RNG state of another
+        kind) ends in one line; nothing in the folder has changed yet."""
         try:
-            for k in ("model", "opt", "sched"):
-                self.state[k].load_state_dict(state[k])
-            if state.get("should_stop") is not None and hasattr(self.state["should_stop"], "load_state_dict"):
-                self.state["should_stop"].load_state_dict(state["should_stop"])
-            self.best, self.best_step, self.last = state["best"], state["best_step"], state["dev"]
-            self.stopped_early = bool(state.get("stopped_early"))
-            self.since_check = list(state.get("since_check") or [0.0, 0])
-            size = state["log_bytes"]
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, KeyError, ValueError,
-                TypeError) as e:
-            raise UserError(self.damaged(last, e))
-        if self.main and self.log.exists() and self.log.stat().st_size >= size:
-            os.truncate(self.log, size)
-        elif self.main:
-            print(f"note: {self.log} is shorter than when {last.parent} was written (edited or "
-                  f"replaced?); it is kept as it is", file=sys.stderr)
-        best_dev = self.out / "best" / "dev_metrics.json"
-        saved = json.loads(best_dev.read_text()) if best_dev.is_file() else {}
-        if self.main and state["best_step"] == state["step"] and saved.get("step") != state["step"]:
-            self.save_best(state["dev"])
-        torch.set_rng_state(state["rng_cpu"])
-        if torch.cuda.is_available() and state.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(state["rng_cuda"])
-        self.kept = intact(state["step"], last.parent)
+            yield
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            raise UserError(self.damaged(self.out / "last" / "state.pt", e)) from e
+
+    def resumed(self, state: dict) -> None:
+        """After train() put last/'s `state` back: best/ checked first (the model of an earlier step,
+        missing or damaged, is lost: one line; one that fell behind last/ is saved again from the
+        restored model), then the log cut back to last/'s length, so it reads as one run."""
+        step, best_step = state["step"], state["best_step"]
+        problem = self.best_problem(best_step) if self.main and best_step else None
+        if problem and best_step != step:
+            raise UserError(f"{self.out / 'best'}: {problem}. The model of step {best_step}, the best STS-B "
+                            f"dev, was kept only there (last/ holds step {step}). Train the run again in "
+                            f"another --output_dir (or move {self.out} away first).")
         if self.main:
-            print(f"resuming {self.out} at step {state['step']} (best STS-B dev {state['best']:.2f} at step "
-                  f"{state['best_step']})", file=sys.stderr)
-        return state["step"]
+            self.cut_log(state["log_bytes"])
+            if problem:
+                self.save_best(state["dev"])
+            print(f"resuming {self.out} at step {step} (best STS-B dev {state['best']:.2f} at step "
+                  f"{best_step})", file=sys.stderr)
+        self.kept = intact(step, self.out / "last")
+
+    def best_problem(self, best_step: int) -> str | None:
+        """What is wrong with best/ as the model of step `best_step`, or None."""
+        best = self.out / "best"
+        if problem := model_folder_problem(best):
+            return problem
+        try:
+            saved = json.loads((best / "dev_metrics.json").read_bytes())["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{best / 'dev_metrics.json'} is missing or damaged"
+        return None if saved == best_step else f"it holds the model of step {saved}, not of step {best_step}"
+
+    def cut_log(self, size: int) -> None:
+        """metrics.jsonl cut back to `size` bytes (its length when last/ was written: records of
+        steps trained again go), and a last line cut short dropped, so that the next record starts a
+        line of its own."""
+        if not os.path.lexists(self.log):
+            return
+        with writing(str(self.log), self.kept), open(self.log, "rb+", opener=atomic_writes.no_follow) as f:
+            now = os.fstat(f.fileno()).st_size
+            if now < size:
+                print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
+                      f"replaced?); it is kept as it is", file=sys.stderr)
+            keep = min(size, now)
+            while keep > 0:                    # back to the end of the last whole line
+                f.seek(max(0, keep - 4096))
+                tail = f.read(keep - max(0, keep - 4096))
+                if b"\n" in tail:
+                    keep = max(0, keep - 4096) + tail.rindex(b"\n") + 1
+                    break
+                keep = max(0, keep - 4096)
+            os.ftruncate(f.fileno(), keep)
 
     def damaged(self, last: Path, e: Exception | str) -> str:
         """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        reason = e if isinstance(e, str) else str(e).strip().splitlines()[0][:160] if str(e).strip() \
+            else type(e).__name__
         if "Weights only load failed" in str(e):
             reason = "it holds objects other than tensors and numbers, which loading would run as code"
         best = self.out / "best" / "dev_metrics.json"
-        good = f"{best.parent} (the model of step {json.loads(best.read_text()).get('step')}) and " \
-            if best.is_file() else ""
+        try:
+            good = f"{best.parent} (the model of step {json.loads(best.read_bytes())['step']}) and "
+        except (OSError, ValueError, KeyError, TypeError):
+            good = ""
         return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
                 f"{good}{self.log}. This run cannot continue from it: train it again in another "
                 f"--output_dir (or move {self.out} away first).")
 
-    def nan_error(self, step: int) -> UserError:
+    def nan_error(self, step: int, best_step: int) -> UserError:
         """The line for a loss that became NaN or infinite: training stops, best/ is what is kept."""
-        kept = f"is kept in {self.out / 'best'}" if self.best_step else "was not saved yet"
+        kept = f"is kept in {self.out / 'best'}" if best_step else "was not saved yet"
         return UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                          f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
                          f"lines.")
-
-    def result(self, step: int) -> dict:
-        """What train() returns: the best and last STS-B dev, the steps, whether it stopped early."""
-        return {"best_dev": self.best, "best_step": self.best_step, "steps": step, "total": self.total,
-                "stopped_early": self.stopped_early and step < self.total,
-                "last_dev": (self.last or {}).get("stsb_dev"), "test": None}
 
 
 # -------------------------------------------------------------------------------------

@@ -537,7 +537,7 @@ def test_common_reads_top_down_for_a_reader():
     """common.py is the reader's module: at most 1,000 lines, its sections in the order a run
     meets them, no plumbing of its own (no lock, rename, sync, torch.save, hashing or download:
     those are imported from plumbing/). The step is one function of at most 30 lines in nanoGPT's
-    order, directly above train(), itself at most 60 lines."""
+    order, directly above train(), itself at most 90 lines."""
     import ast
     import inspect
 
@@ -554,7 +554,7 @@ def test_common_reads_top_down_for_a_reader():
     order = ["model(batch)", ".backward()", "clip_grad_norm_", "opt.step()", "sched.step()", "opt.zero_grad("]
     at = [source.index(x) for x in order]
     assert at == sorted(at)
-    assert len(inspect.getsource(common.train).splitlines()) <= 60
+    assert len(inspect.getsource(common.train).splitlines()) <= 90
     tree = ast.parse("\n".join(lines))
     names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     assert names[names.index("train") - 1] == "train_step"

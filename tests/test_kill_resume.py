@@ -40,7 +40,7 @@ def _arm(kind: str, name: str | None, n: int) -> None:
     """Make this process SIGKILL itself at the n-th occurrence of `kind`:
     record / half-record: right after the n-th metrics.jsonl record is written (or half of it);
     before-replace / after-replace: around the n-th os.replace onto a path named `name`;
-    after-truncate: right after the n-th os.truncate (a resume's cut of the log);
+    after-truncate: right after the n-th os.ftruncate (a resume's cut of the log);
     step: before the n-th training step."""
     import common
 
@@ -78,13 +78,13 @@ def _arm(kind: str, name: str | None, n: int) -> None:
                 die()
         os.replace = replace
     elif kind == "after-truncate":
-        real_truncate = os.truncate
+        real_truncate = os.ftruncate
 
-        def truncate(path, length):
-            real_truncate(path, length)
+        def truncate(fd, length):
+            real_truncate(fd, length)
             if due():
                 die()
-        os.truncate = truncate
+        os.ftruncate = truncate
     elif kind == "step":
         real_step = common.train_step
 
