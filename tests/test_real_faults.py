@@ -36,13 +36,12 @@ import pytest
 
 import rcl
 import simcse
-from conftest import ROOT
+from conftest import ENV, ROOT, Held
+from conftest import script as _script
 from plumbing import atomic_writes, run_folder
 
 PAGE = os.sysconf("SC_PAGE_SIZE")     # tmpfs counts whole pages
 ENOSPC, EROFS, EFBIG, EIO = (os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EIO))
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-           OMP_NUM_THREADS="1")
 # checkpoints (last/, and best/ when the best) at steps 2 and 4, a training record every step
 FLAGS = ["--batch_size", "8", "--max_steps", "4", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3",
          "--max_len", "16", "--no-compile"]
@@ -91,12 +90,6 @@ def _resize(path: Path, pages: int) -> None:
 
 def _pages(folder: Path) -> int:
     return sum(-(-p.stat().st_size // PAGE) for p in folder.rglob("*") if p.is_file())
-
-
-def _script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """`python <name> ARGV`, as a user runs it."""
-    return subprocess.run([sys.executable, str(ROOT / name), *argv], env=ENV, capture_output=True, text=True,
-                          timeout=300, **kw)
 
 
 def _line(r: subprocess.CompletedProcess, code: int) -> str:
@@ -370,40 +363,14 @@ def test_rcl_an_entropy_folder_that_cannot_be_made_ends_as_a_failed_write(tmp_pa
     _finished(_script("rcl.py", argv(out, "--resume", flags=flags)), out, 2)
 
 
-# rcl.py held still inside its entropy model's 3rd step (after its first checkpoint) for up to 10
-# minutes: a run surely alive while a second process starts on its folder
-HELD = """
-import runpy, sys, time
-sys.path.insert(0, sys.argv[1])
-import common
-real, calls = common.train_step, [0]
-def held(*a, **k):
-    calls[0] += 1
-    t0 = time.time()
-    while calls[0] == 3 and time.time() - t0 < 600:
-        time.sleep(0.1)
-    return real(*a, **k)
-common.train_step = held
-sys.argv = sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, argv):
     """A second plain start (a job scheduler's retry, another terminal) while stage 1 runs: refused
     in one line (exit 2) that names the process holding the folder, as for any run folder."""
     out = tmp_path / "run"
     flags = [*RCL_FLAGS, "--max_steps", "6"]
-    command = [sys.executable, "-c", HELD, str(ROOT), str(ROOT / "rcl.py"), *argv(out, flags=flags)]
-    first = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.time()
-        while not (out / "entropy_phi0.01" / "last" / "state.pt").exists():
-            assert first.poll() is None and time.time() - t0 < 120, first.stderr.read()[-3000:]
-            time.sleep(0.1)
+    with Held(tmp_path / "held", "rcl.py", argv(out, flags=flags)) as first:
+        first.wait()                    # inside the entropy model, after its first checkpoint
+        assert (out / "entropy_phi0.01" / "last" / "state.pt").is_file()
         line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
-        assert first.poll() is None, "the first run ended before the second one tried its folder"
-        assert f"is in use by process {first.pid} " in line, line
-    finally:
-        first.kill()
-        first.wait()
+        assert first.proc.poll() is None, "the first run ended before the second one tried its folder"
+        assert f"is in use by process {first.proc.pid} " in line, line

@@ -27,9 +27,6 @@ import re
 import shutil
 import signal
 import struct
-import subprocess
-import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -40,7 +37,7 @@ from test_kill_resume import _records, _same_run
 
 import common
 import simcse
-from conftest import ROOT
+from conftest import Held, script
 from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
@@ -50,14 +47,9 @@ FLAGS = ["--batch_size", "8", "--max_steps", "6", "--eval_every", "2", "--log_ev
          "--lr", "1e-3", "--max_len", "16"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One thread: every run here and its reference compute alike (the resumed runs are compared
-    with the uninterrupted one record for record), and a tiny model is quicker on busy cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# one thread (conftest): every run here and its reference compute alike (the resumed runs are
+# compared with the uninterrupted one record for record), and a tiny model is quicker on busy cores
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +115,7 @@ def _interrupt_at_step(n: int):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+def finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
     """A finished 6-step run: the reference of every resumed run here."""
     out = tmp_path_factory.mktemp("finished") / "run"
     cache = out.parent / "cache"
@@ -133,7 +125,7 @@ def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
 
 
 @pytest.fixture(scope="module")
-def interrupted(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+def interrupted(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
     """The same run stopped (Ctrl-C) inside step 4: last/ holds step 2, the log steps 1-3."""
     out = tmp_path_factory.mktemp("interrupted") / "run"
     cache = out.parent / "cache"
@@ -605,73 +597,26 @@ def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
 # SIGTERM: Ctrl-C's handling; the folder let go at once
 # ------------------------------------------------------------------------------------
 
-# simcse.py held still before its 3rd step (after its first checkpoint, step 2) for up to 10
-# minutes; when run_main has ended the run (SystemExit) the process stays alive until told to go,
-# so that a second process tries the folder while the first still exists (a lock that only the
-# process's end let go of would stop it)
-TERM_RUN = """
-import sys, time
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import common, simcse
-signals = Path(sys.argv[2])
-real, calls = common.train_step, [0]
-def held(*a, **k):
-    calls[0] += 1
-    t0 = time.time()
-    while calls[0] == 3 and time.time() - t0 < 600:
-        time.sleep(0.1)
-    return real(*a, **k)
-common.train_step = held
-try:
-    common.run_main(simcse.main, sys.argv[3:])
-except SystemExit as e:
-    (signals / "ended").write_text(str(e.code))
-    t0 = time.time()
-    while not (signals / "go").exists() and time.time() - t0 < 600:
-        time.sleep(0.1)
-    raise
-"""
-
-
 def test_sigterm_ends_the_run_in_one_line_and_lets_go_of_the_folder(
         tmp_path, tiny_bert, data, small_sts, finished):
-    out, cache, signals = tmp_path / "run", tmp_path / "cache", tmp_path / "signals"
-    signals.mkdir()
+    """The first process, stopped by SIGTERM, stays alive once run_main has ended its command (it
+    lingers): a second process must take its folder while it still exists (a lock that only the
+    process's end let go of would stop it)."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
     argv = _argv(out, tiny_bert, data, small_sts, cache)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-c", TERM_RUN, str(ROOT), str(signals), *argv], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.time()
-        while not (out / "last" / "state.pt").exists():      # the first checkpoint (step 2)
-            assert first.poll() is None, first.stderr.read()[-3000:]
-            assert time.time() - t0 < 300, "the run wrote no checkpoint"
-            time.sleep(0.2)
-        first.send_signal(signal.SIGTERM)
-        t0 = time.time()
-        while not (signals / "ended").exists():
-            assert first.poll() is None, f"SIGTERM killed the run (exit {first.returncode}): " \
-                                         f"{first.stderr.read()[-3000:]}"
-            assert time.time() - t0 < 120, "the run did not end on SIGTERM"
-            time.sleep(0.1)
-        assert (signals / "ended").read_text() == "143"
+    with Held(tmp_path / "held", "simcse.py", argv, linger=True) as first:
+        first.wait()                                        # before step 3: step 2's checkpoint is kept
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.wait("ended", timeout=120) == "143"
         # the first process is still alive: its run folder must be free already
-        second = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert first.poll() is None, "the first process ended before the second one took its folder"
+        second = script("simcse.py", [*argv, "--resume"])
+        assert first.proc.poll() is None, "the first process ended before the second one took its folder"
         assert second.returncode == 0, second.stderr[-3000:]
         assert f"resuming {out} at step 2 " in second.stderr, second.stderr[-3000:]
-        (signals / "go").write_text("")
-        first.wait(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-    err = first.stderr.read()
-    assert first.returncode == 143, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    said = [line for line in err.splitlines() if "SIGTERM" in line]
-    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], err[-3000:]
+        first.go("exit")
+        r = first.end(timeout=120)
+    assert r.returncode == 143, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    said = [line for line in r.stderr.splitlines() if "SIGTERM" in line]
+    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], r.stderr[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)
