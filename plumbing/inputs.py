@@ -100,8 +100,11 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
     the template that adds [CLS] and [SEP]), its size and pad id, max_len and every text."""
     if cache_dir is None:
         return None
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    for setting in ("truncation", "padding"):      # the last call's (tokenize() sets its own)
+        spec.pop(setting, None)
     h = hashlib.sha256()
-    for part in ("tokens 2", type(tokenizer).__name__, tokenizer.backend_tokenizer.to_str(), len(tokenizer),
+    for part in ("tokens 2", type(tokenizer).__name__, json.dumps(spec, sort_keys=True), len(tokenizer),
                  tokenizer.pad_token_id, max_len, len(texts)):
         h.update(f"{part}\n".encode())
     for text in texts:              # each with its length: no two lists of texts hash alike
