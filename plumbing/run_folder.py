@@ -103,6 +103,7 @@ def hold_run_folder(folder: str | Path) -> None:
         except OSError as e:            # a full disk: the lock's line is the run's first write
             with contextlib.suppress(OSError):
                 (Path(folder) / LOCK).unlink()        # held: no other process has its line there
+            with contextlib.suppress(OSError):
                 f.close()
             raise UserError(unwritable.format(e.strerror or e))
     except BaseException:
@@ -390,7 +391,7 @@ class RunFolder:
         if then.get("script") != now["script"]:
             diffs.append(f"the script {then.get('script')}")
         if then.get("stage") != now["stage"]:
-            diffs.append(f"the stage {then.get('stage') or 'of the run itself'!r}")
+            diffs.append(f"the stage {then['stage']}" if then.get("stage") else "the run's own model")
         if then.get("data_sha256") != now["data_sha256"]:
             diffs.append("other data")
         if held_to_record(self.out):        # the record held this command's flags: so is last/
@@ -449,7 +450,7 @@ class RunFolder:
             now = os.fstat(f.fileno()).st_size
             if now < size:
                 print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
-                      f"replaced?); it is kept as it is", file=sys.stderr)
+                      f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
             keep = min(size, now)
             while keep > 0:                    # back to the end of the last whole line
                 f.seek(max(0, keep - 4096))
