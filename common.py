@@ -17,11 +17,12 @@ A module, not a command: `python tools/eval.py` scores a saved encoder with eval
 `python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
 plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
 paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
-token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record,
-checkpoints, --resume, stages), atomic_writes, export (a folder transformers and
-sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
-progress bars, the one-line errors), command_line (exit statuses), interrupts (signals while a
-script starts) and translation (IFCL's German file). A reader of the papers need not open them.
+token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record and
+identity, how a checkpoint is written and read back, stages), atomic_writes, export (a folder
+transformers and sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
+progress bars, the one-line errors), command_line (exit statuses), interrupts (signals, from a
+script's first line to its last) and translation (IFCL's German file). A reader of the papers need
+not open them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +49,7 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, flags, inputs
+from plumbing import downloads, flags, inputs, process
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import fast_forward
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
@@ -643,6 +646,7 @@ def start(args: TrainArgs) -> torch.device:
     on the data settled; the seed; the run folder, held, with its record (args.json, run.json)."""
     device = init_distributed()
     args.check()                                    # the flags on their own
+    process.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
     if world()[0] == 0:                             # the default data, into data/ on first use
         downloads.on_first_use(args.data, args.sts_dir, check_sts)
     barrier()
@@ -650,6 +654,8 @@ def start(args: TrainArgs) -> torch.device:
     rows = data_rows(args.data)
     inputs.check_batch(rows, args.batch_size, args.data, world()[1])
     inputs.check_sts_dir(args.sts_dir)
+    check_sts_files(args.sts_dir)
+    inputs.check_model_folder(args.model)           # a local folder's files whole (weights, JSON)
     positions = encoder_positions(args.model)
     if args.max_len > positions:
         raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
@@ -658,6 +664,18 @@ def start(args: TrainArgs) -> torch.device:
     seed_everything(args.seed)
     open_run(args)          # held by this process; its record written, or --resume held to it
     return device
+
+
+def check_sts_files(sts_dir: str | Path) -> None:
+    """Every STS file a run reads (the dev sets at each evaluation, the 7 test sets at the end),
+    read now: a missing or damaged one is named before anything is written."""
+    dev = [("STSBenchmark", "dev"), ("SICKRelatedness", "dev")]
+    for task, split in [(t, "test") for t in STS_TASKS] + dev:
+        try:
+            load_sts_pairs(sts_dir, task, split)
+        except (OSError, ValueError, IndexError) as e:      # UnicodeDecodeError is a ValueError
+            raise UserError(f"--sts_dir {sts_dir}: {task} ({split}) cannot be read ({e}). Pass the folder "
+                            f"of SentEval's STS data (`python tools/download.py --what sts` makes data/sts).")
 
 
 # =====================================================================================
@@ -756,7 +774,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch = {column:
     {"input_ids", "attention_mask"}}. should_stop(step, mean loss since its last call), called
     every should_stop.every steps (default: at evaluations), ends training when it returns
-    True; the run is evaluated and checkpointed at that step."""
+    True; the run is evaluated and checkpointed at that step. What a checkpoint keeps, which
+    model is best and when to stop are decided here; RunFolder only writes and reads them."""
     rank, world_size = world()
     device = next(model.parameters()).device
     mlp = model.mlp if pooler == "cls" else None
@@ -773,12 +792,24 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
-    run = RunFolder(args, total, {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop},
-                    (model.encoder, tokenizer, pooler, mlp))
-    step = run.resume() if args.resume else 0                        # last/, its step and state
+    run = RunFolder(args, (model.encoder, tokenizer, pooler, mlp))
+    # the loop's state: the last evaluation, the best, should_stop's verdict and the loss since it last looked
+    step, dev, best, best_step, stopped, since = 0, None, -math.inf, 0, False, [0.0, 0]
+    if args.resume and (ckpt := run.load_last()) is not None:     # this run's last/: data only, checked
+        with run.restoring():                                      # a state that does not fit: one line
+            for name, part in (("model", model), ("opt", opt), ("sched", sched)):
+                part.load_state_dict(ckpt[name])
+            if hasattr(should_stop, "load_state_dict") and ckpt.get("should_stop") is not None:
+                should_stop.load_state_dict(ckpt["should_stop"])
+            torch.set_rng_state(ckpt["rng_cpu"])
+            if torch.cuda.is_available() and ckpt.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng_cuda"])
+            step, dev, best, best_step = ckpt["step"], ckpt["dev"], ckpt["best"], ckpt["best_step"]
+            stopped, since = bool(ckpt.get("stopped_early")), list(ckpt.get("since_check") or [0.0, 0])
+        run.resumed(ckpt)                  # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
     bar = progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step)
-    while step < total and not run.stopped_early:
+    while step < total and not stopped:
         epoch, b = divmod(step, steps_per_epoch)
         idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
         batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
@@ -786,20 +817,39 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
         step += 1
         meter.add(loss, stats)
         bar.update(1)
-        run.early_stop(step, loss)                                    # should_stop's verdict (rcl.py)
-        evaluate_now = step % args.eval_every == 0 or step == total or run.stopped_early
+        if should_stop is not None:                     # rcl.py's early stop
+            since = [since[0] + loss, since[1] + 1]                    # on the device: no wait
+            if step % getattr(should_stop, "every", args.eval_every) == 0 or step == total:
+                stopped, since = bool(should_stop(step, float(since[0]) / since[1])), [0.0, 0]
+        evaluate_now = step % args.eval_every == 0 or step == total or stopped
         if step % args.log_every == 0 or evaluate_now:
             if not meter.finite():
                 bar.close()
-                raise run.nan_error(step)
+                raise run.nan_error(step, best_step)
             record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
             run.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             sent_s=f"{record['sent_per_s']:.0f}")
-        if evaluate_now:                             # rank 0 evaluates; last/, best/ if the best
-            run.checkpoint(step, dev_figures(encode, args.sts_dir) if rank == 0 else None)
+        if evaluate_now and rank == 0:                  # rank 0 evaluates; last/, best/ if the best
+            dev = {"step": step, **dev_figures(encode, args.sts_dir)}
+            best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
+            dev["best_stsb_dev"] = best
+            run.write(dev)
+            run.save_last({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                           "step": step, "dev": dev, "best": best, "best_step": best_step,
+                           "stopped_early": stopped, "since_check": [float(since[0]), since[1]],
+                           "should_stop": getattr(should_stop, "state_dict", lambda: None)(),
+                           "rng_cpu": torch.get_rng_state(), "run": run.identity,
+                           "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+            if best_step == step:
+                run.save_best(dev)
+            bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev {dev['sickr_dev']:.2f}  "
+                      f"(best {best:.2f} at step {best_step})", file=sys.stderr)
+        if evaluate_now:
+            barrier()                                   # every rank waits for rank 0's checkpoint
     bar.close()
-    result = run.result(step)
+    result = {"best_dev": best, "best_step": best_step, "steps": step, "total": total, "test": None,
+              "stopped_early": stopped and step < total, "last_dev": (dev or {}).get("stsb_dev")}
     if final_eval and rank == 0:
         result["test"] = final_report(run.out / "best", args, pooler, paper_rows)
     barrier()
@@ -810,6 +860,9 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
     uniformity, print them beside the paper's rows that the flags select, and keep all of it
     (with the pooler: tools/compare.py labels the run with it) in best/test_metrics.json."""
+    if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
+        raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
+                        f"another --output_dir.")
     encode = saved_encoder(best_dir, pooler)
     res = evaluate_sts(encode, args.sts_dir)
     res.update(alignment_uniformity(encode, args.sts_dir))

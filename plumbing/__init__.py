@@ -10,10 +10,12 @@ method scripts): a module for each thing it holds.
                    (on first use, or tools/download.py)
     atomic_writes  folders and files written whole or not at all
     export         a model folder that transformers and sentence-transformers both load
-    run_folder     the lock, the run's record, last/ and best/, --resume, stages (rcl.py)
+    run_folder     the lock, the run's record and identity, how last/ and best/ are written and
+                   read back (train() decides what they keep), stages (rcl.py)
     compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels
     translation    IFCL's German file, made with a seq2seq model (tools/translate.py), and
                    ifcl.py's one call for it (fraternal_file)
     command_line   every command's end: one line and its exit status
-    interrupts     Ctrl-C and SIGTERM while a script is still importing
+    interrupts     Ctrl-C, SIGTERM and SIGHUP from a script's first line (its imports) to its
+                   last: one line, never a signal dropped
 """

@@ -1,7 +1,9 @@
-"""Writes that a kill, a crash or a full disk never leave half done: a folder filled beside its
-place and swapped in with two renames, a small file through a temporary name, each synced to the
-disk first so that a full disk is told at the write; what a kill between the renames leaves,
-put back. Used for last/, best/, the run's record and every file a run keeps."""
+"""Writes that a kill, a crash, a signal or a full disk never leave half done: a folder filled
+beside its place and swapped in with two renames (a signal waits until both are done), a small file
+through a temporary name, each synced to the disk first so that a full disk is told at the write;
+what a kill between the renames leaves, put back. Nothing is written through a symbolic link (a
+link planted where a file goes is an error: ELOOP). Used for last/, best/, the run's record and
+every file a run keeps."""
 
 from __future__ import annotations
 
@@ -12,6 +14,14 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+from plumbing import interrupts
+
+
+def no_follow(path: str | Path, flags: int) -> int:
+    """open()'s opener for a file of a run or a cache: a symbolic link at `path` is refused (ELOOP),
+    never written through."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def sync_to_disk(path: Path) -> None:
@@ -37,17 +47,20 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
         old = final.with_name(f".{final.name}.old")
         if old.exists():
             shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        try:
-            os.replace(tmp, final)
-        except OSError:
+        # between the renames there is no `final`: a signal waits until the swap is done (the old
+        # one removed), and whatever else stops it (a failed rename, a bug) puts the old one back
+        with interrupts.deferred():
+            if final.exists():
+                os.replace(final, old)
+            try:
+                os.replace(tmp, final)
+            except BaseException:
+                if old.exists() and not final.exists():
+                    os.replace(old, final)
+                raise
+            sync_to_disk(final.parent)
             if old.exists():
-                os.replace(old, final)
-            raise
-        sync_to_disk(final.parent)
-        if old.exists():
-            shutil.rmtree(old)
+                shutil.rmtree(old)
 
     return tmp, commit
 
@@ -67,11 +80,12 @@ def atomic_dir(final: Path):
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a small file through a temporary name: a kill leaves the old file or the new one; a
-    failed write leaves no temporary file."""
+    failed write leaves no temporary file; a link at either name is replaced, not written through."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)                  # a kill's leftover, or a link planted there
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "x", opener=no_follow) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -83,10 +97,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def recover_dir(final: Path) -> Path:
     """What a kill during _atomic_dir leaves: between the two renames the old folder is still
-    whole (put back); a temporary folder never swapped in is dropped (it holds a full copy)."""
+    whole (put back); after them, the old one not yet removed (dropped); a temporary folder never
+    swapped in (dropped: it holds a full copy)."""
     old = final.with_name(f".{final.name}.old")
     if not final.exists() and old.exists():
         os.replace(old, final)
+    elif old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
     for tmp in final.parent.glob(f".{final.name}.tmp-*"):
         shutil.rmtree(tmp, ignore_errors=True)
     return final

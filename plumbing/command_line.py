@@ -1,7 +1,7 @@
 """Every command's main under run_main: it ends in one line and an exit status, never a traceback
 for what the user can act on: a refused input (2), the GPU out of memory (3), a failed write (4),
-Ctrl-C (130), SIGTERM (143), each saying what to run next; the run folder is let go whatever
-happens."""
+Ctrl-C (130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder is let go
+whatever happens."""
 
 from __future__ import annotations
 
@@ -12,56 +12,57 @@ from typing import Any, Callable
 
 import torch
 
-from plumbing import process
+from plumbing import interrupts, process
 from plumbing.process import UserError, WriteFailed, close_bars
 from plumbing.run_folder import release_run_folders
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, which `timeout` and job schedulers send before a kill: handled as Ctrl-C is."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
-
-
 def after_a_stop() -> str:
-    """What run_main's line after Ctrl-C or SIGTERM says to run: --resume once start() has recorded
-    the run (args.json: --resume accepts it), else the same command (--resume would be refused)."""
+    """What run_main's line after a signal says to run: --resume once start() has recorded the run
+    (args.json: --resume accepts it), else the same command (a --resume stopped that early changed
+    nothing in its folder; a new run's --resume would be refused)."""
     run = process.recorded()
     if run is not None:
         return (f"What was already written in {run} is kept; the same command plus --resume "
                 f"continues the run (from its last checkpoint, if one was written).")
+    if process.resuming is not None:
+        return (f"Nothing in {process.resuming} was changed yet. Run the same command again: it "
+                f"continues the run.")
     return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \
         "again."
 
 
+def say(line: str) -> None:
+    """run_main's last line, on stderr (process.Screen: one that cannot be written changes no exit
+    status), after the progress bars are closed (a bar ends in no newline)."""
+    close_bars()
+    print(line, file=sys.stderr, flush=True)
+
+
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`, and end in one line: a UserError (exit 2), a failed write (4), the GPU out
-    of memory (3), Ctrl-C (130) or SIGTERM (143), each with what to do next; held folders let go."""
-    process.recorded_run = None                            # common.start records this command's run
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # Ctrl-C back from plumbing/interrupts.py
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    """Call `main(argv)`, and end in one line: a UserError (exit 2) or a failed write (4), the GPU
+    out of memory (3), Ctrl-C (130), SIGTERM (143) or SIGHUP (129), each with what to do next; held
+    folders let go. A signal whose exception was dropped on the way still ends the command here."""
+    process.recorded_run = process.resuming = None         # common.start records this command's run
+    handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
+    stderr, sys.stderr = sys.stderr, process.Screen(sys.stderr)
     try:
         main(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        close_bars()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except WriteFailed as e:
-        close_bars()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(4)
+        interrupts.stop_if_signalled()
+    except (UserError, WriteFailed) as e:
+        say(f"error: {e}")
+        sys.exit(4 if isinstance(e, WriteFailed) else 2)
     except KeyboardInterrupt as e:
-        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
-        print(f"\n{what}. {after_a_stop()}", file=sys.stderr)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        signum = e.signum if isinstance(e, interrupts.Stopped) else signal.SIGINT
+        say(f"\n{interrupts.WHAT[signum]}. {after_a_stop()}")
+        sys.exit(128 + signum)
     except torch.cuda.OutOfMemoryError:
-        print("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the "
-              "batch over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive "
-              "loss still sees the whole batch).", file=sys.stderr)
+        say("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch "
+            "over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive loss still sees "
+            "the whole batch).")
         sys.exit(3)
     finally:
+        sys.stderr = stderr
         release_run_folders()
+        if handlers:
+            interrupts.give_back(handlers)

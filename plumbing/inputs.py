@@ -1,9 +1,11 @@
 """What a run is given, read and checked before anything is written: the training file (one
 sentence a line, or SimCSE's CSV), each error naming the flag and the file; the token cache
-beside the data; the encoder's config and positions; the STS folder's layout."""
+beside the data, trusted only when it is whole and its own; the encoder's config and positions; a
+model folder's files; the STS folder's layout."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import functools
 import hashlib
@@ -12,11 +14,13 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from plumbing.atomic_writes import no_follow
 from plumbing.process import UserError, writing
 
 
@@ -69,10 +73,13 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
     """A training file's text, or a UserError that names the flag, the file and what to do."""
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a folder, not a file. Pass {what}.")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{flag} {path}: not a regular file (a pipe, a device or a socket). Pass {what}.")
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python tools/download.py` "
                         f"for {download}.")
     raw = path.read_bytes()
+    raw = raw[len(codecs.BOM_UTF8):] if raw.startswith(codecs.BOM_UTF8) else raw   # as spreadsheets save
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -88,34 +95,78 @@ def count_lines(path: str | Path) -> int:
 
 
 def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None) -> Path | None:
-    """The .npz that caches `texts` tokenised to max_len, keyed by the tokenizer and the texts."""
+    """The .npz that caches `texts` tokenised to max_len, named by a SHA-256 of all that decides
+    the ids: the whole tokenizer (its JSON: vocabulary, normaliser, pre-tokenizer, added tokens and
+    the template that adds [CLS] and [SEP]), its size and pad id, max_len and every text."""
     if cache_dir is None:
         return None
-    h, vocab = hashlib.sha256(), tokenizer.get_vocab()
-    for part in (type(tokenizer).__name__, json.dumps(sorted(vocab.items())[:2000]), len(vocab),
-                 getattr(tokenizer, "do_lower_case", ""), max_len, *texts):
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    for setting in ("truncation", "padding"):      # the last call's (tokenize() sets its own)
+        spec.pop(setting, None)
+    h = hashlib.sha256()
+    for part in ("tokens 2", type(tokenizer).__name__, json.dumps(spec, sort_keys=True), len(tokenizer),
+                 tokenizer.pad_token_id, max_len, len(texts)):
         h.update(f"{part}\n".encode())
-    return Path(cache_dir) / f"tok-{h.hexdigest()[:24]}.npz"
+    for text in texts:              # each with its length: no two lists of texts hash alike
+        b = text.encode()
+        h.update(len(b).to_bytes(8, "little") + b)
+    return Path(cache_dir) / f"tok-{h.hexdigest()[:32]}.npz"
+
 
 def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(ids, lengths, pad_id) kept in `cache` by an earlier tokenisation, or None."""
-    if cache is None or not cache.is_file():
+    """(ids, lengths, pad_id) kept in `cache` by an earlier tokenisation, or None. A file that is
+    not whole and this key's (cut short, pickled arrays, another cache renamed, a link) is only a
+    cache: said in a note, tokenised again and replaced."""
+    if cache is None or not os.path.lexists(cache):
         return None
-    z = np.load(cache)
-    return z["ids"], z["lengths"], int(z["pad_id"])
+    try:
+        with open(cache, "rb", opener=no_follow) as f, np.load(f, allow_pickle=False) as z:
+            ids, lengths, pad_id, key = z["ids"], z["lengths"], z["pad_id"], z["key"]
+        if str(key) != cache.stem:
+            raise ValueError("it was written under another name")
+        if ids.ndim != 2 or lengths.shape != ids.shape[:1] or pad_id.ndim or not all(
+                a.dtype.kind in "iu" for a in (ids, lengths, pad_id)) or (lengths > ids.shape[1]).any():
+            raise ValueError("its arrays are not token ids")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        print(f"note: the token cache {cache} is not whole ({why}): tokenising again", file=sys.stderr)
+        return None
+    return ids, lengths, int(pad_id)
 
 
 def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id: int) -> None:
-    """Keep a tokenisation in `cache`, through a temporary name of this process's own (under
-    torchrun every rank tokenises and writes) renamed into place."""
+    """Keep a tokenisation in `cache`, with its key, through a temporary name of this process's own
+    (under torchrun every rank tokenises and writes) renamed into place; a failed write leaves no
+    temporary file, and one that a killed process left is removed."""
     if cache is None:
         return
-    with writing(f"the token cache {cache}"):
+    with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
+        for left in cache.parent.glob(".tok-*.tmp.npz"):
+            if not _alive(left.name.split(".")[-3]):     # .tok-KEY.PID.tmp.npz
+                left.unlink(missing_ok=True)
         tmp = cache.with_name(f".{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, ids=ids, lengths=lengths, pad_id=pad_id)
-        os.replace(tmp, cache)
+        tmp.unlink(missing_ok=True)
+        try:
+            with open(tmp, "xb", opener=no_follow) as f:
+                np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem)
+            os.replace(tmp, cache)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
+
+def _alive(pid: str) -> bool:
+    """Whether process `pid` (a temporary file's) still runs; unknown (not POSIX): yes."""
+    if os.name != "posix" or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
@@ -146,6 +197,50 @@ def encoder_config(name: str, flag: str = "--model"):
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise not_loaded(flag, name, e)
+
+
+def model_folder_problem(folder: Path) -> str | None:
+    """What is wrong with the files of a saved model folder (--model, a run's best/ or end/), or
+    None: a .json that does not parse, weights cut short or damaged, weights that are not data (a
+    pickle carrying objects other than tensors), no weights. Read without loading the tensors."""
+    if not folder.is_dir():
+        return f"{folder} is missing"
+    for p in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
+        try:
+            json.loads(p.read_bytes())
+        except (OSError, ValueError) as e:        # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return f"{p} is cut short or damaged (not JSON: {str(e).splitlines()[0][:80]})"
+    index = folder / "model.safetensors.index.json"
+    shards = sorted({folder / f for f in json.loads(index.read_bytes()).get("weight_map", {}).values()}) \
+        if index.is_file() else [folder / "model.safetensors"]
+    if all(p.is_file() for p in shards):
+        from safetensors import safe_open
+        for p in shards:
+            try:
+                with safe_open(str(p), "np"):     # the header, and that the file holds all it lists
+                    pass
+            except Exception as e:                 # SafetensorError, a bare Exception
+                return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
+        return None
+    if (folder / "pytorch_model.bin").is_file():
+        import torch
+        try:
+            torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+        except Exception as e:                     # UnpicklingError, RuntimeError (a cut zip), EOFError
+            if "Weights only load failed" in str(e):
+                return (f"{folder / 'pytorch_model.bin'} holds objects other than tensors, which loading "
+                        f"would run as code")
+            return f"{folder / 'pytorch_model.bin'} is cut short or damaged ({str(e).splitlines()[0][:120]})"
+        return None
+    return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
+
+
+def check_model_folder(name: str, flag: str = "--model") -> None:
+    """A local model folder's files, checked before anything is written (a hub name: the hub
+    checks its own downloads)."""
+    if Path(name).is_dir() and (problem := model_folder_problem(Path(name))):
+        raise UserError(f"{flag} {name}: {problem}. Save or download the model again, or give another "
+                        f"folder.")
 
 
 def max_positions(config, tokenizer=None) -> int:

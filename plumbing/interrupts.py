@@ -1,14 +1,22 @@
-"""Ctrl-C and SIGTERM while a script starts: one line, not a traceback from inside an import.
+"""Ctrl-C, SIGTERM and SIGHUP: one line and an exit status, however a signal lands.
 
 Each script imports this module first. Its imports (torch, transformers, scipy) take seconds; a
 Ctrl-C then ends in a KeyboardInterrupt traceback from whichever library was loading, and a
 SIGTERM (`timeout`, a job scheduler) ends the process without a word. From here until run_main
-(plumbing/command_line.py) takes the two signals over, when the script's main starts, either one
-ends the process at once with one line and exit status 130 or 143. Nothing is written before main
-starts, so the same command is what to run again. Standard library only: it is in place before
-the slow imports begin.
+(plumbing/command_line.py) takes the signals over, when the script's main starts, each one ends
+the process at once with one line and exit status 128 + its number (130, 143, 129). Nothing is
+written before main starts, so the same command is what to run again. Standard library only: it
+is in place before the slow imports begin.
+
+Once run_main holds them, a signal raises KeyboardInterrupt where the program is (Stopped for
+SIGTERM and SIGHUP) and is also remembered: an exception raised inside a __del__ or a callback of
+the garbage collector is dropped by Python with a warning, and the run would go on; the next
+write of the run (stop_if_signalled) or run_main's end raises it again. While a checkpoint is
+swapped into place (deferred) a signal waits until both renames are done. After run_main, while
+Python shuts down, a script's process ignores them: the run has ended and said so.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -16,19 +24,102 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]      # the repository
 WHAT = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "terminated (SIGTERM)"}
+if hasattr(signal, "SIGHUP"):                    # not on Windows
+    WHAT[signal.SIGHUP] = "hung up (SIGHUP: the terminal or session closed)"
 
 
 def while_starting(signum: int, frame) -> None:
-    sys.stderr.write(f"\n{WHAT[signum]} while starting; nothing was written. Run the same command again.\n")
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):        # SIGHUP: the terminal may be gone
+        sys.stderr.write(f"\n{WHAT[signum]} while starting; nothing was written. Run the same command "
+                         f"again.\n")
+        sys.stderr.flush()
     os._exit(128 + signum)      # at once: an import left half done has nothing to unwind or save
 
 
 # Only in a process started as one of the repository's scripts (python simcse.py, torchrun rcl.py,
 # python tools/translate.py): a program that imports a script (the tests) keeps its own handlers.
-# A signal the process was started ignoring stays ignored (`cmd &` in a shell script ignores Ctrl-C).
+# A signal the process was started ignoring stays ignored (`cmd &` in a shell script ignores Ctrl-C,
+# `nohup` the hang-up).
 _main = getattr(sys.modules.get("__main__"), "__file__", None)
-if _main and Path(_main).resolve().parent in (HERE, HERE / "tools"):
+SCRIPT = bool(_main) and Path(_main).resolve().parent in (HERE, HERE / "tools")
+if SCRIPT:
     for _signum in WHAT:
         if signal.getsignal(_signum) is not signal.SIG_IGN:
             signal.signal(_signum, while_starting)
+
+
+# -------------------------------------------------------------------------------------
+# While run_main runs a command
+# -------------------------------------------------------------------------------------
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled as Ctrl-C is: the run ends where it is, in one line."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+received: int | None = None     # the signal that stopped this command, once one came
+_deferring = False              # inside deferred(): a signal is remembered, raised after the block
+
+
+def on_signal(signum: int, frame) -> None:
+    global received
+    received = signum
+    if not _deferring:
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+def _unraisable(unraisable) -> None:
+    """Python's report of an exception it dropped (raised inside a __del__): a stop is left out, as
+    it is remembered and said once, when the command ends."""
+    if not (received is not None and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+        sys.__unraisablehook__(unraisable)
+
+
+def take_over() -> dict:
+    """run_main's start: the signals raise (on_signal), except those the process was started
+    ignoring. Returns the handlers it replaced (give_back puts them back)."""
+    global received
+    received = None
+    before = {s: signal.getsignal(s) for s in WHAT}
+    for signum, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, on_signal)
+    before["unraisablehook"], sys.unraisablehook = sys.unraisablehook, _unraisable
+    return before
+
+
+def stop_if_signalled() -> None:
+    """Raise the stop a signal asked for if its exception was dropped (raised inside a __del__):
+    before each write of a run, and at run_main's end."""
+    if received is not None:
+        on_signal(received, None)
+
+
+def give_back(before: dict) -> None:
+    """run_main's end. A script's process ignores the signals from here: Python's shutdown takes
+    a second or two after the last line, and early in it Python gives each signal back its default
+    action (to end the process without a word); a program that called run_main gets its handlers
+    back."""
+    global received
+    received = None
+    sys.unraisablehook = before.pop("unraisablehook", sys.unraisablehook)
+    for signum, handler in before.items():
+        signal.signal(signum, signal.SIG_IGN if SCRIPT else handler)
+
+
+@contextlib.contextmanager
+def deferred():
+    """A signal that comes inside the block (the two renames that swap a checkpoint in) raises
+    right after it. Python-level, not a signal mask: the system may hand a signal to any thread
+    (torch's), and Python runs the handler in the main thread whatever mask that thread holds."""
+    global _deferring
+    outer, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = outer
+    if not outer:
+        stop_if_signalled()

@@ -43,6 +43,26 @@ def progress(total: int | None, desc: str, unit: str = "it", disable: bool = Fal
                 dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
 
 
+class Screen:
+    """stderr while run_main runs a command: a write that fails (a closed terminal: EIO; a file over
+    `ulimit -f`: EFBIG) is dropped, not raised: the screen stops no run and changes no exit status."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError):
+            return self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def close_bars() -> None:
     """Close the progress bars still drawn (a bar ends in no newline): a closing line then starts
     a line of its own instead of being glued to the bar's end."""
@@ -83,6 +103,9 @@ def refused_write(e: BaseException) -> tuple[int | None, str] | None:
 # the run folder whose record (args.json) common.start wrote for this command, if any: what a
 # failed write or a Ctrl-C says is intact and what to run next
 recorded_run: Path | None = None
+# the run folder a --resume command goes on with, until its record is checked: a stop before
+# then changed nothing in it
+resuming: Path | None = None
 NO_CHECKPOINT = "no checkpoint was written yet"
 
 

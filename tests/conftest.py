@@ -9,7 +9,7 @@ and a WordPiece vocabulary trained on that corpus.
 
 The few tests about real data (the STS evaluator's pair counts, all-MiniLM-L6-v2 against its
 published figures, the real BERT vocabulary) look for it under a data root laid out like the
-repository: data/sts/ (`python common.py download --what sts`) and models/all-MiniLM-L6-v2/
+repository: data/sts/ (`python tools/download.py --what sts`) and models/all-MiniLM-L6-v2/
 (`hf download sentence-transformers/all-MiniLM-L6-v2 --local-dir models/all-MiniLM-L6-v2`).
 The root is $CSE_DATA_ROOT when set, else the repository root. Where it is missing such a test
 is skipped with the command that fetches it; under CI (CI=true) it fails instead.
@@ -22,7 +22,9 @@ import hashlib
 import io
 import os
 import random
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,7 @@ def fetch_command(parts: tuple[str, ...]) -> str:
     """The one command, run from the repository root, that puts `parts` under the data root."""
     here = DATA_ROOT == ROOT
     if parts == ("data", "sts"):
-        return "python common.py download --what sts" + ("" if here else f" --dest {DATA_ROOT / 'data'}")
+        return "python tools/download.py --what sts" + ("" if here else f" --dest {DATA_ROOT / 'data'}")
     local = "/".join(parts) if here else str(DATA_ROOT.joinpath(*parts))
     return f"hf download sentence-transformers/{MINILM} --local-dir {local}"
 
@@ -584,12 +586,121 @@ def bert_layout_tokenizer(tmp_path_factory, corpus) -> Path:
     return build_bert_layout_tokenizer(tmp_path_factory.mktemp("bert_layout"), [corpus])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
-    """Translation with a tiny model is all per-step overhead: on a shared CPU, two OpenMP
-    threads spin against each other (seconds a batch); one thread keeps the tests quick."""
+    """One intra-op thread for the rest of the module that asks for it: a tiny model is all
+    per-step overhead, and on a shared CPU two OpenMP threads spin against each other (seconds a
+    batch); runs compared record for record (a resumed run and its reference) compute alike."""
     import torch
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def run_base(tmp_path, parallel, *extra):
+    """The flags of an IFCL or translation command on the parallel files, with a model and an STS
+    folder that do not exist (for the checks that stop a command before it loads them)."""
+    return ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
+            "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "c"),
+            "--sts_dir", str(tmp_path / "no-sts"), *extra]
+
+
+# ------------------------------------------------------------------------------------
+# The scripts as a user runs them, and one held still mid-run: the fault tests' one helper
+# ------------------------------------------------------------------------------------
+
+# the environment of a script the tests start: offline, one OpenMP thread (its steps then equal
+# an in-process reference's, and busy shared cores do not make a tiny model's step crawl)
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+           OMP_NUM_THREADS="1")
+
+# `python -c HELD ROOT FOLDER AT SCRIPT ARGV...`: SCRIPT run as `python SCRIPT ARGV` runs it, after
+# FOLDER/before.py if there is one (a fault put in place); before its AT-th training step (0: none)
+# FOLDER/held is written and FOLDER/at_hold.py run if there is one, else the step waits (10 minutes
+# at most) for FOLDER/go; when run_main has ended the command, FOLDER/ended holds its exit status,
+# and with FOLDER/linger the process stays alive until FOLDER/exit is there.
+HELD = """
+import os, runpy, sys, time
+from pathlib import Path
+root, here, at, script = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, root)
+
+def wait_for(name):
+    t0 = time.time()
+    while not (here / name).exists() and time.time() - t0 < 600:
+        time.sleep(0.05)
+
+if (here / "before.py").exists():
+    exec((here / "before.py").read_text(), {})
+import common
+real, calls = common.train_step, [0]
+def held(*a, **k):
+    calls[0] += 1
+    if calls[0] == at:
+        (here / "held").write_text(str(os.getpid()))
+        if (here / "at_hold.py").exists():
+            exec((here / "at_hold.py").read_text(), {})
+        else:
+            wait_for("go")
+    return real(*a, **k)
+common.train_step = held
+sys.argv = [script, *sys.argv[5:]]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    (here / "ended").write_text(str(e.code))
+    if (here / "linger").exists():
+        wait_for("exit")
+    raise
+"""
+
+
+class Held:
+    """A script (`script`, a path under the repository) run in a process of its own as a user runs
+    it, held still before its `at`-th training step (after the checkpoints before it), however slow
+    the machine: a run surely alive while a test stops it, starts a second one, or pulls a file
+    away. `before` and `at_hold`: code the process runs first, and at the hold instead of waiting."""
+
+    def __init__(self, folder: Path, script: str, argv: list[str], at: int = 3, before: str = "",
+                 at_hold: str = "", linger: bool = False):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in (("before.py", before), ("at_hold.py", at_hold), ("linger", "-" * linger)):
+            if text:
+                (folder / name).write_text(text)
+        self.proc = subprocess.Popen([sys.executable, "-c", HELD, str(ROOT), str(folder), str(at),
+                                      str(ROOT / script), *argv], env=ENV, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def wait(self, name: str = "held", timeout: float = 300) -> str:
+        """Until the process writes FOLDER/name (held, ended), alive until then; its content."""
+        t0 = time.time()
+        while not (self.folder / name).exists():
+            assert self.proc.poll() is None, f"ended ({self.proc.returncode}) before {name}: " \
+                                             f"{self.proc.stderr.read()[-3000:]}"
+            assert time.time() - t0 < timeout, f"no {name} in {timeout} s"
+            time.sleep(0.05)
+        return (self.folder / name).read_text()
+
+    def go(self, name: str = "go") -> None:
+        (self.folder / name).write_text("")
+
+    def end(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        """The process's end: its exit status and stderr."""
+        err = self.proc.communicate(timeout=timeout)[1]
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, "", err)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+def script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """`python <name> ARGV` (a path under the repository), as a user runs it."""
+    return subprocess.run([sys.executable, str(ROOT / name), *argv], env=ENV, capture_output=True,
+                          text=True, timeout=600, **kw)

@@ -19,15 +19,9 @@ import conisi
 from common import UserError
 from plumbing import flags
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine two spinning threads make a tiny model's
-    evaluation about 15 times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one intra-op thread (conftest's one_thread): on a shared 2-core machine two spinning threads make
+# a tiny model's evaluation about 15 times slower
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cos(u: torch.Tensor, v: torch.Tensor) -> float:

@@ -31,27 +31,6 @@ def _simcse_argv(tmp_path, tiny_bert, corpus, small_sts, *extra: str) -> list[st
             "--max_steps", "4", "--eval_every", "2", "--batch_size", "8", *extra]
 
 
-def test_resume_loads_the_checkpoint_onto_the_cpu_whatever_the_models_device(tmp_path, tiny_bert, corpus,
-                                                                             small_sts):
-    """On a GPU the model lives on cuda, and a checkpoint loaded onto the model's device put the
-    RNG states there too: torch.set_rng_state refused them (TypeError: RNG state must be a
-    torch.ByteTensor) and every --resume crashed. Here the model lives on the meta device, as
-    foreign to the CPU as a GPU: the checkpoint's tensors reach it through load_state_dict, and
-    the RNG state comes back as the CPU's own."""
-    simcse.main(_simcse_argv(tmp_path, tiny_bert, corpus, small_sts))
-    args = common.parse_args(simcse.Args, _simcse_argv(tmp_path, tiny_bert, corpus, small_sts, "--resume"))
-    tokenizer, encoder = common.load_encoder(args.model)
-    model = simcse.SimCSE(encoder, args.tau, supervised=False).to("meta")
-    opt, sched = common.make_optimizer([p for p in model.parameters() if p.requires_grad], args.lr,
-                                       0.0, 4, torch.device("cpu"))
-    run = common.RunFolder(args, 4, {"model": model, "opt": opt, "sched": sched, "should_stop": None},
-                           (model.encoder, tokenizer, args.pooler, None))
-    saved = torch.load(tmp_path / "run" / "last" / "state.pt", weights_only=True)["rng_cpu"]
-    torch.manual_seed(12345)                                 # anything but the checkpoint's state
-    assert run.resume() == 4 and torch.equal(torch.get_rng_state(), saved)
-    assert all(s[k].device.type == "meta" for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
-
-
 class _FoldsIntoTheLoss(torch.nn.Module):
     """A loss plus a term that is zero (an ablation), and that loss's first term logged: the
     compiler may return one buffer for both."""

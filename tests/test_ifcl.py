@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import common
 import ifcl
 import simcse
-from conftest import ROOT, cpu_env
+from conftest import ROOT, cpu_env, run_base
 from plumbing import flags, inputs
 from plumbing import translation as translate
 
@@ -583,12 +583,6 @@ def test_a_fraternal_model_of_another_width_stops_before_training(tmp_path, tiny
 # -------------------------------------------------------------------------------------
 # Data checks and the German file: where it goes, translation, resuming, waiting ranks
 # -------------------------------------------------------------------------------------
-
-def run_base(tmp_path, parallel, *extra):
-    return ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
-            "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "c"),
-            "--sts_dir", str(tmp_path / "no-sts"), *extra]
-
 
 def test_missing_or_unparallel_fraternal_data_stops_before_any_model(tmp_path, parallel):
     base = run_base(tmp_path, parallel)

@@ -40,7 +40,7 @@ def _arm(kind: str, name: str | None, n: int) -> None:
     """Make this process SIGKILL itself at the n-th occurrence of `kind`:
     record / half-record: right after the n-th metrics.jsonl record is written (or half of it);
     before-replace / after-replace: around the n-th os.replace onto a path named `name`;
-    after-truncate: right after the n-th os.truncate (a resume's cut of the log);
+    after-truncate: right after the n-th os.ftruncate (a resume's cut of the log);
     step: before the n-th training step."""
     import common
 
@@ -78,13 +78,13 @@ def _arm(kind: str, name: str | None, n: int) -> None:
                 die()
         os.replace = replace
     elif kind == "after-truncate":
-        real_truncate = os.truncate
+        real_truncate = os.ftruncate
 
-        def truncate(path, length):
-            real_truncate(path, length)
+        def truncate(fd, length):
+            real_truncate(fd, length)
             if due():
                 die()
-        os.truncate = truncate
+        os.ftruncate = truncate
     elif kind == "step":
         real_step = common.train_step
 
@@ -138,13 +138,12 @@ def _driver(plan_path: str) -> None:
 
 
 def _play(tmp_path: Path, runs: list[dict]) -> tuple[list[int], str]:
+    # imported here, not above: the driver (this file run as a script) has no conftest on its path
+    from conftest import ENV
     plan = {"runs": runs, "codes": str(tmp_path / "codes.json")}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    # one thread: the reference and the resumed runs compute alike, and on shared, busy cores
-    # two spinning OpenMP threads make a tiny model's step several times slower
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, __file__, str(tmp_path / "plan.json")], env=env,
+    # one thread (ENV): the reference and the resumed runs compute alike
+    r = subprocess.run([sys.executable, __file__, str(tmp_path / "plan.json")], env=ENV,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     codes = json.loads((tmp_path / "codes.json").read_text())
@@ -293,61 +292,32 @@ def test_rcl_killed_and_resumed_reads_as_one_run(tmp_path, tiny_bert, sentences,
 # One process per run folder
 # ------------------------------------------------------------------------------------
 
-# simcse.py that holds still before its 3rd step, after its first checkpoint (step 2), for up to
-# 10 minutes: a run that is surely alive while a second process tries its folder, however slow
-# the machine (the steps it trains are unchanged)
-HELD_RUN = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-import common, simcse
-real, calls = common.train_step, [0]
-def held(*a, **k):
-    calls[0] += 1
-    t0 = time.time()
-    while calls[0] == 3 and time.time() - t0 < 600:
-        time.sleep(0.1)
-    return real(*a, **k)
-common.train_step = held
-common.run_main(simcse.main, sys.argv[2:])
-"""
-
-
 def test_a_second_process_on_a_live_run_stops_and_a_killed_one_does_not_block(
         tmp_path, tiny_bert, sentences, small_sts, cache_dir):
     """A --resume started while the run is still alive (a job restarted, a second terminal)
     stops before it writes anything, exit 2, naming the folder and the process that holds it;
     once that process is killed (-9: no chance to clean up), --resume continues the run, and
     the log reads as one run."""
+    from conftest import Held, script
     out = tmp_path / "run"
     argv = ["--model", str(tiny_bert), "--data", str(sentences), "--sts_dir", str(small_sts),
             "--output_dir", str(out), "--cache_dir", str(cache_dir), "--batch_size", "8",
             "--max_steps", "30", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3", "--max_len", "16"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-c", HELD_RUN, str(ROOT), *argv], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.time()
-        while not (out / "last" / "state.pt").exists():      # the first checkpoint (step 2)
-            assert first.poll() is None, first.stderr.read()[-3000:]
-            assert time.time() - t0 < 120, "the first run wrote no checkpoint"
-            time.sleep(0.2)
+    with Held(tmp_path / "held", "simcse.py", argv) as first:
+        first.wait()                                         # before step 3: step 2's checkpoint is kept
         args_before = (out / "args.json").read_text()
-        second = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert first.poll() is None, "the first run ended before the second one tried its folder"
+        second = script("simcse.py", [*argv, "--resume"])
+        assert first.proc.poll() is None, "the first run ended before the second one tried its folder"
         assert second.returncode == 2, second.stderr[-3000:]
         err = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
         assert len(err) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
-        assert f"--output_dir {out} is in use by process {first.pid} " in err[0], err[0]
+        assert f"--output_dir {out} is in use by process {first.proc.pid} " in err[0], err[0]
         assert "--resume" in err[0]
         assert (out / "args.json").read_text() == args_before      # still the first run's
-    finally:
-        first.kill()                                               # SIGKILL
-        first.wait()
-    assert first.returncode == -signal.SIGKILL
-    third = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
-                           capture_output=True, text=True, timeout=300)
+        first.proc.kill()                                          # SIGKILL
+        first.proc.wait()
+    assert first.proc.returncode == -signal.SIGKILL
+    third = script("simcse.py", [*argv, "--resume"])
     assert third.returncode == 0, third.stderr[-3000:]
     recs = _records(out / "metrics.jsonl")
     train = [r["step"] for r in recs if "loss" in r]

@@ -33,16 +33,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import rcl
 import simcse
-from conftest import ROOT
+from conftest import ENV, ROOT, Held
+from conftest import script as _script
 from plumbing import atomic_writes, run_folder
 
 PAGE = os.sysconf("SC_PAGE_SIZE")     # tmpfs counts whole pages
 ENOSPC, EROFS, EFBIG, EIO = (os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EIO))
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-           OMP_NUM_THREADS="1")
 # checkpoints (last/, and best/ when the best) at steps 2 and 4, a training record every step
 FLAGS = ["--batch_size", "8", "--max_steps", "4", "--eval_every", "2", "--log_every", "1", "--lr", "1e-3",
          "--max_len", "16", "--no-compile"]
@@ -91,12 +91,6 @@ def _resize(path: Path, pages: int) -> None:
 
 def _pages(folder: Path) -> int:
     return sum(-(-p.stat().st_size // PAGE) for p in folder.rglob("*") if p.is_file())
-
-
-def _script(name: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """`python <name> ARGV`, as a user runs it."""
-    return subprocess.run([sys.executable, str(ROOT / name), *argv], env=ENV, capture_output=True, text=True,
-                          timeout=300, **kw)
 
 
 def _line(r: subprocess.CompletedProcess, code: int) -> str:
@@ -370,40 +364,165 @@ def test_rcl_an_entropy_folder_that_cannot_be_made_ends_as_a_failed_write(tmp_pa
     _finished(_script("rcl.py", argv(out, "--resume", flags=flags)), out, 2)
 
 
-# rcl.py held still inside its entropy model's 3rd step (after its first checkpoint) for up to 10
-# minutes: a run surely alive while a second process starts on its folder
-HELD = """
-import runpy, sys, time
-sys.path.insert(0, sys.argv[1])
-import common
-real, calls = common.train_step, [0]
-def held(*a, **k):
-    calls[0] += 1
-    t0 = time.time()
-    while calls[0] == 3 and time.time() - t0 < 600:
-        time.sleep(0.1)
-    return real(*a, **k)
-common.train_step = held
-sys.argv = sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, argv):
     """A second plain start (a job scheduler's retry, another terminal) while stage 1 runs: refused
     in one line (exit 2) that names the process holding the folder, as for any run folder."""
     out = tmp_path / "run"
     flags = [*RCL_FLAGS, "--max_steps", "6"]
-    command = [sys.executable, "-c", HELD, str(ROOT), str(ROOT / "rcl.py"), *argv(out, flags=flags)]
-    first = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with Held(tmp_path / "held", "rcl.py", argv(out, flags=flags)) as first:
+        first.wait()                    # inside the entropy model, after its first checkpoint
+        assert (out / "entropy_phi0.01" / "last" / "state.pt").is_file()
+        line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
+        assert first.proc.poll() is None, "the first run ended before the second one tried its folder"
+        assert f"is in use by process {first.proc.pid} " in line, line
+
+
+# ------------------------------------------------------------------------------------
+# Signals mid-run: never dropped, one line each, a commit never half done
+# ------------------------------------------------------------------------------------
+
+# at the hold: SIGTERM while Python runs a __del__ (a garbage collector's callback, say), where
+# Python drops an exception with a warning: the handler's stop must still end the run
+TERM_IN_A_DEL = """
+import os, signal, time
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)                 # the handler runs here, inside __del__
+Dropped()
+"""
+
+
+def test_a_sigterm_raised_inside_a_del_still_stops_the_run(tmp_path, argv):
+    out = tmp_path / "run"
+    with Held(tmp_path / "held", "simcse.py", argv(out), at_hold=TERM_IN_A_DEL) as run:
+        r = run.end()
+    line = _stop_line(r, 143)
+    assert line.startswith("terminated (SIGTERM). What was already written") and "--resume" in line, line
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) <= 3, steps                  # it stopped at the next write, not at the end
+    _finished(_script("simcse.py", argv(out, "--resume")), out, 4)
+
+
+def _stop_line(r: subprocess.CompletedProcess, code: int) -> str:
+    """The one line a run stopped by a signal ended with, exit status `code`: no traceback, no
+    exception Python reports as dropped."""
+    assert r.returncode == code, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr[-3000:]
+    said = [x for x in r.stderr.splitlines() if x.startswith(("interrupted (", "terminated (", "hung up ("))]
+    assert len(said) == 1, r.stderr[-3000:]
+    return said[0]
+
+
+def test_sighup_ends_the_run_in_one_line_with_its_status(tmp_path, argv):
+    """The terminal or the ssh session closed: 129 and a line (in a log, if stderr went to one)."""
+    out = tmp_path / "run"
+    with Held(tmp_path / "held", "simcse.py", argv(out)) as run:
+        run.wait()
+        run.proc.send_signal(signal.SIGHUP)
+        r = run.end()
+    line = _stop_line(r, 129)
+    assert line.startswith("hung up (SIGHUP") and "--resume" in line, line
+    _finished(_script("simcse.py", argv(out, "--resume")), out, 4)
+
+
+# before the run: SIGTERM right after the first rename of last/'s second commit (step 4), when
+# last/ is .last.old and the new one not yet in its place
+TERM_BETWEEN_RENAMES = """
+import os, signal
+from pathlib import Path
+real_replace = os.replace
+def replace(src, dst, *a, **k):
+    real_replace(src, dst, *a, **k)
+    if Path(dst).name == ".last.old":
+        os.kill(os.getpid(), signal.SIGTERM)
+os.replace = replace
+"""
+
+
+def test_a_signal_between_the_two_renames_of_a_commit_leaves_the_new_checkpoint(tmp_path, argv):
+    out = tmp_path / "run"
+    with Held(tmp_path / "held", "simcse.py", argv(out), at=0, before=TERM_BETWEEN_RENAMES) as run:
+        r = run.end()
+    _stop_line(r, 143)
+    assert torch.load(out / "last" / "state.pt", weights_only=True)["step"] == 4
+    assert not list(out.glob(".*")), "the old checkpoint, or the new one, left beside last/"
+    r = _script("simcse.py", argv(out, "--resume"))
+    assert f"resuming {out} at step 4 " in r.stderr, r.stderr[-3000:]
+    _finished(r, out, 4)
+
+
+def test_a_deleted_run_lock_lets_no_second_process_in(tmp_path, argv):
+    """`rm R/run.lock` under a live run: a --resume started then stops (exit 2) instead of training
+    beside it (the log held steps 21-37 twice); the first run finishes as one run."""
+    out = tmp_path / "run"
+    with Held(tmp_path / "held", "simcse.py", argv(out)) as first:
+        first.wait()
+        (out / run_folder.LOCK).unlink()
+        line = _line(_script("simcse.py", argv(out, "--resume")), 2)
+        assert line.startswith(f"error: --output_dir {out} is in use by another process."), line
+        assert first.proc.poll() is None
+        first.go()
+        _finished(first.end(), out, 4)
+
+
+def test_sigterm_while_python_shuts_down_after_the_run_ends_no_other_way(tmp_path, argv):
+    """The run has finished (best/test_metrics.json, its last write, is there) and Python is shutting
+    down, which takes a second or two: a SIGTERM then killed the process without a word (-15). It
+    ends as the run did (0), or, if it came before run_main's end, in its one line (143)."""
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, str(ROOT / "simcse.py"), *argv(out)], env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.time()
-        while not (out / "entropy_phi0.01" / "last" / "state.pt").exists():
-            assert first.poll() is None and time.time() - t0 < 120, first.stderr.read()[-3000:]
-            time.sleep(0.1)
-        line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
-        assert first.poll() is None, "the first run ended before the second one tried its folder"
-        assert f"is in use by process {first.pid} " in line, line
+        while not (out / "best" / "test_metrics.json").exists():
+            assert run.poll() is None and time.time() - t0 < 300, run.stderr.read()[-3000:]
+            time.sleep(0.01)
+        run.send_signal(signal.SIGTERM)
+        err = run.communicate(timeout=120)[1]
     finally:
-        first.kill()
-        first.wait()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode in (0, 143), err[-3000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+
+
+def test_a_file_size_limit_on_stderr_too_ends_as_a_failed_write(tmp_path, argv, sizes):
+    """`ulimit -f` below last/state.pt, stderr sent to a file already at the limit (so that no line
+    can be written): exit 4 all the same, not a traceback nobody sees (exit 1)."""
+    out, limit, log = tmp_path / "run", sizes["last"] * PAGE // 2, tmp_path / "stderr.txt"
+    log.write_bytes(b"." * limit)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with open(log, "a") as stderr:
+        r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv(out)], env=ENV, stderr=stderr,
+                           stdout=subprocess.DEVNULL, preexec_fn=limited, timeout=300)
+    assert r.returncode == 4 and log.stat().st_size == limit
+    _finished(_script("simcse.py", argv(out, "--resume")), out, 4)
+
+
+def test_a_full_disk_at_the_lock_leaves_no_folder(tmp_path, argv):
+    """No page free: the lock's line, the run's first write, fails; refused in one line (exit 2),
+    and no empty folder with an empty run.lock is left behind."""
+    with _tmpfs(tmp_path / "disk", 16) as disk:
+        (disk / "filler").write_bytes(b"\0" * 16 * PAGE)
+        out = disk / "run"
+        line = _line(_script("simcse.py", argv(out)), 2)
+        assert line.startswith(f"error: --output_dir {out}: cannot be written ({ENOSPC})"), line
+        assert not out.exists()
+
+
+def test_a_full_disk_at_the_token_cache_names_cache_dir_and_leaves_no_temporary_file(tmp_path, argv):
+    """--cache_dir on a disk with one page: the cache's write fails (exit 4); the line names
+    --cache_dir, and the partial file is removed."""
+    with _tmpfs(tmp_path / "cache_disk", 1) as disk:
+        out = tmp_path / "run"
+        args = argv(out)
+        args[args.index("--cache_dir") + 1] = str(disk)
+        line = _line(_script("simcse.py", args), 4)
+        assert f"could not write the token cache {disk}" in line and "--cache_dir" in line, line
+        assert ENOSPC in line, line
+        assert not list(disk.iterdir())

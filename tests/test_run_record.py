@@ -27,9 +27,6 @@ import re
 import shutil
 import signal
 import struct
-import subprocess
-import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -39,8 +36,9 @@ import torch
 from test_kill_resume import _records, _same_run
 
 import common
+import rcl
 import simcse
-from conftest import ROOT
+from conftest import Held, script
 from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
@@ -50,14 +48,9 @@ FLAGS = ["--batch_size", "8", "--max_steps", "6", "--eval_every", "2", "--log_ev
          "--lr", "1e-3", "--max_len", "16"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One thread: every run here and its reference compute alike (the resumed runs are compared
-    with the uninterrupted one record for record), and a tiny model is quicker on busy cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# one thread (conftest): every run here and its reference compute alike (the resumed runs are
+# compared with the uninterrupted one record for record), and a tiny model is quicker on busy cores
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +66,14 @@ def _argv(out: Path, tiny_bert: Path, data: Path, sts: Path, cache: Path, *extra
             "--cache_dir", str(cache), *FLAGS, *extra]
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str]:
-    """simcse.py's main under common.run_main, as `python simcse.py ARGV` runs it: (exit status,
-    stderr). run_main's SIGTERM handler is put back as it was, for the rest of the session."""
+def _run(argv: list[str], capsys, main=simcse.main) -> tuple[int, str]:
+    """simcse.py's main (or another) under common.run_main, as `python simcse.py ARGV` runs it:
+    (exit status, stderr). run_main's SIGTERM handler is put back as it was, for the rest of the session."""
     handler = signal.getsignal(signal.SIGTERM)
     capsys.readouterr()
     code = 0
     try:
-        common.run_main(simcse.main, argv)
+        common.run_main(main, argv)
     except SystemExit as e:
         code = e.code
     finally:
@@ -123,7 +116,7 @@ def _interrupt_at_step(n: int):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+def finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
     """A finished 6-step run: the reference of every resumed run here."""
     out = tmp_path_factory.mktemp("finished") / "run"
     cache = out.parent / "cache"
@@ -133,7 +126,7 @@ def finished(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
 
 
 @pytest.fixture(scope="module")
-def interrupted(tmp_path_factory, tiny_bert, data, small_sts) -> Path:
+def interrupted(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
     """The same run stopped (Ctrl-C) inside step 4: last/ holds step 2, the log steps 1-3."""
     out = tmp_path_factory.mktemp("interrupted") / "run"
     cache = out.parent / "cache"
@@ -341,6 +334,293 @@ def test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs(
         message
     assert not marker.exists(), "loading the checkpoint ran the code it carries"
     assert _tree(out) == before
+
+
+def _resave(path: Path, change) -> None:
+    """last/state.pt changed by `change(state)` and saved again, its checksum with it: a whole,
+    well-formed checkpoint that only what it holds gives away."""
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+    path.with_name(run_folder.CHECKSUM).write_text(f"{atomic_writes.sha256_file(path)}  state.pt\n")
+
+
+@pytest.mark.parametrize("other", ["--seed 7", "focal_infonce.py"])
+def test_another_runs_checkpoint_is_refused_in_one_line(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                        capsys, other):
+    """`rm -r R/last; cp -a OTHER/last R/last`, OTHER the same command with --seed 7, or another
+    script's run: whole checkpoints, each with its checksum, which --resume would have trained on."""
+    import focal_infonce
+    out, theirs = _copy(interrupted, tmp_path), tmp_path / "other"
+    argv = _argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--max_steps", "2")
+    assert (simcse.main([*argv, "--seed", "7"]) if other == "--seed 7" else focal_infonce.main(argv))
+    shutil.rmtree(out / "last")
+    shutil.copytree(theirs / "last", out / "last")
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{out / 'last' / 'state.pt'}: not a checkpoint of this run (it is another run's checkpoint: " \
+        in message, message
+    assert ("--seed 7 (this run: 42)" if other == "--seed 7" else "the script focal_infonce.py") in message
+    assert _tree(out) == before
+
+
+def test_a_checkpoint_from_before_run_identities_resumes_with_a_note(tmp_path, tiny_bert, data, small_sts,
+                                                                     interrupted, finished, capsys):
+    """What an earlier version wrote (no "run" in state.pt) is taken as this run's, which --resume
+    says; the next checkpoint carries the identity."""
+    out = _copy(interrupted, tmp_path)
+    _resave(out / "last" / "state.pt", lambda state: state.pop("run"))
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"note: {out / 'last' / 'state.pt'} carries no run identity (an earlier version wrote it)" in err
+    assert torch.load(out / "last" / "state.pt", weights_only=True)["run"]["script"] == "simcse.py"
+    _same_run(out, finished, log_every=1, eval_every=2)
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _float_rng(out: Path) -> None:
+    _resave(out / "last" / "state.pt", lambda state: state.update(rng_cpu=state["rng_cpu"].float()))
+
+
+# what a damaged part of a run's record does to --resume: (the damage, the file the line names and how)
+RECORDS = {
+    "a state.pt.sha256 that is not UTF-8": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(
+        b"\xff\xfe\x00 state.pt\n"), f"last/{run_folder.CHECKSUM}: not a SHA-256 line"),
+    "an emptied state.pt.sha256": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(b""),
+                                   f"last/{run_folder.CHECKSUM}: not a SHA-256 line"),
+    "an RNG state that is a float tensor": (_float_rng, "last/state.pt: not a checkpoint of this run ("),
+    "args.json cut short": (lambda out: _cut(out / "args.json"), "args.json: cut short or damaged ("),
+    "run.json cut short": (lambda out: _cut(out / "run.json"), "run.json: cut short or damaged ("),
+}
+
+
+@pytest.mark.parametrize("damage", list(RECORDS))
+def test_a_damaged_record_is_named_in_one_line_and_nothing_changes(tmp_path, tiny_bert, data, small_sts,
+                                                                   interrupted, capsys, damage):
+    out = _copy(interrupted, tmp_path)
+    spoil, said = RECORDS[damage]
+    spoil(out)
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    assert f"error: {out}/{said}" in _one_line_error(err)
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("damage", ["deleted", "model.safetensors cut short"])
+def test_a_best_that_is_lost_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts, finished, capsys,
+                                                  damage):
+    """The finished run's best/ is step 4's, last/ step 6's: nothing can make it again. The line
+    names best/ (not the --model flag that final_report's load would have blamed)."""
+    out = _copy(finished, tmp_path)
+    if damage == "deleted":
+        shutil.rmtree(out / "best")
+    else:
+        _cut(out / "best" / "model.safetensors")
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert message.startswith(f"error: {out / 'best'}: ") and "The model of step 4, the best STS-B dev, " \
+        "was kept only there (last/ holds step 6)" in message, message
+    assert "--model" not in message and _tree(out) == before
+
+
+def test_a_best_that_fell_behind_last_is_saved_again(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                     capsys, monkeypatch):
+    """last/ and best/ of step 2 both, best/'s weights cut short: --resume saves the restored model
+    there before it trains (here it is stopped at its first step)."""
+    out = _copy(interrupted, tmp_path)
+    _cut(out / "best" / "model.safetensors")
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "train_step", _interrupt_at_step(1))
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 130, err[-3000:]
+    for name in ("model.safetensors", "dev_metrics.json"):
+        assert (out / "best" / name).read_bytes() == (interrupted / "best" / name).read_bytes()
+
+
+LINKED = ["run.lock", "metrics.jsonl", "args.json", "last", "best"]
+
+
+@pytest.mark.parametrize("entry", LINKED)
+def test_an_entry_that_is_a_link_is_refused_and_nothing_is_written_through_it(
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys, entry):
+    """A link where a run keeps a file or a folder (`ln -s ~/victim R/run.lock`; a last/ moved to
+    another disk and linked back): --resume stops in one line, the file it points to untouched."""
+    out, victim = _copy(interrupted, tmp_path), tmp_path / "victim"
+    if (out / entry).is_dir():
+        shutil.move(out / entry, victim)
+    else:
+        (out / entry).unlink()
+        victim.write_text('{"a file of the user\'s": 1}\n')
+    (out / entry).symlink_to(victim)
+    before = {p: _tree(p) if p.is_dir() else p.read_bytes() for p in (out, victim)}
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{out / entry} is a symbolic link (to {victim}). A run folder holds only what its own run " \
+           f"wrote" in message, message
+    assert {p: _tree(p) if p.is_dir() else p.read_bytes() for p in (out, victim)} == before
+
+
+def test_a_log_line_cut_short_is_dropped_on_resume(tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
+    """metrics.jsonl cut inside the part last/ recorded (the last line half gone): the half line is
+    dropped, not glued to the next record."""
+    out = _copy(interrupted, tmp_path)
+    size = torch.load(out / "last" / "state.pt", weights_only=True)["log_bytes"]
+    log = out / "metrics.jsonl"
+    log.write_bytes(log.read_bytes()[: size - 20])
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert "is shorter than when" in err
+    recs = _records(log)                                    # every line whole
+    assert [r["step"] for r in recs if "stsb_dev" in r] == [4, 6]   # step 2's, cut, is gone
+
+
+def test_what_a_kill_after_a_commit_left_is_removed(tmp_path, tiny_bert, data, small_sts, finished, capsys):
+    """A kill in the last removal of a commit leaves .last.old beside a whole last/ (a copy of the
+    model and AdamW's moments): the next start removes it, a finished run's too."""
+    out = _copy(finished, tmp_path)
+    shutil.copytree(out / "last", out / ".last.old")
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert not list(out.glob(".*"))
+
+
+def test_a_resume_stopped_before_its_record_is_checked_says_its_folder_is_unchanged(
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys, monkeypatch):
+    """A real SIGINT while a --resume still checks its input: the folder holds a run, which the
+    line must not deny ("nothing for --resume to continue"); the same command continues it."""
+    out = _copy(interrupted, tmp_path)
+    before = _tree(out)
+    with monkeypatch.context() as mp:
+        mp.setattr(common, "encoder_positions", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT))
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 130, err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == \
+        [f"interrupted (Ctrl-C). Nothing in {out} was changed yet. Run the same command again: it continues "
+         f"the run."], err[-3000:]
+    assert _tree(out) == before
+
+
+@pytest.fixture(scope="module")
+def rcl_finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
+    """A finished rcl.py run: one entropy model (2 steps), then the final model (2 steps)."""
+    out = tmp_path_factory.mktemp("rcl") / "run"
+    rcl.main(_rcl_argv(out, tiny_bert, data, small_sts))
+    run_folder.release_run_folders()
+    return out
+
+
+def _rcl_argv(out: Path, tiny_bert: Path, data: Path, sts: Path, *extra: str) -> list[str]:
+    return [*_argv(out, tiny_bert, data, sts, out.parent / "cache", "--max_steps", "2", "--phi", "0.01",
+                   "--patience", "0", "--pooler", "cls_before_pooler"), *extra]
+
+
+@pytest.mark.parametrize("part", ["DONE.json", "end/model.safetensors"])
+def test_a_damaged_part_of_a_finished_entropy_model_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts,
+                                                                         rcl_finished, capsys, part):
+    """rcl.py's --resume reuses a finished entropy model: its summary and the weights that
+    regulate the final model, cut short, are named with what to delete to train it again."""
+    out = _copy(rcl_finished, tmp_path)
+    stage = out / "entropy_phi0.01"
+    _cut(stage / part)
+    before = _tree(out)
+    code, err = _run(_rcl_argv(out, tiny_bert, data, small_sts, "--resume"), capsys, rcl.main)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{stage / part}" in message and f"Delete {stage} to train this model again" in message, message
+    assert _tree(out) == before
+
+
+def _not_json(model: Path) -> None:
+    (model / "tokenizer.json").write_text("{not json")
+
+
+def _code_in_weights(model: Path) -> None:
+    from safetensors.torch import load_file
+    state = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    torch.save({**state, "x": _Shell(f"touch {model / 'marker'}")}, model / "pytorch_model.bin")
+
+
+# a --model folder a user was given: (what is wrong, what the line says of which file)
+MODELS = {"a tokenizer.json that is not JSON": (_not_json, "tokenizer.json is cut short or damaged (not "
+                                                "JSON"),
+          "model.safetensors cut short": (lambda m: _cut(m / "model.safetensors"),
+                                          "model.safetensors is cut short or damaged ("),
+          "a pytorch_model.bin that carries code": (_code_in_weights, "pytorch_model.bin holds objects other "
+                                                    "than tensors, which loading would run as code")}
+
+
+@pytest.mark.parametrize("damage", list(MODELS))
+def test_a_damaged_model_folder_is_refused_before_anything_is_written(tmp_path, tiny_bert, data, small_sts,
+                                                                      capsys, damage):
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_bert, model)
+    spoil, said = MODELS[damage]
+    spoil(model)
+    code, err = _run([*_argv(out, model, data, small_sts, tmp_path / "cache")], capsys)
+    assert code == 2, err[-3000:]
+    assert f"error: --model {model}: {model}/{said}" in _one_line_error(err)
+    assert not out.exists() and not (model / "marker").exists()
+
+
+def test_an_sts_dir_without_its_files_is_refused_before_training(tmp_path, tiny_bert, data, capsys):
+    """STS/ and SICK/ there, but empty: refused at the start, not after training (FileNotFoundError)."""
+    sts, out = tmp_path / "sts", tmp_path / "run"
+    for name in ("STS", "SICK"):
+        (sts / name).mkdir(parents=True)
+    code, err = _run(_argv(out, tiny_bert, data, sts, tmp_path / "cache"), capsys)
+    assert code == 2, err[-3000:]
+    assert f"error: --sts_dir {sts}: STS12 (test) cannot be read (" in _one_line_error(err)
+    assert not out.exists()
+
+
+def test_a_pipe_as_data_is_not_called_missing(tmp_path, tiny_bert, small_sts, capsys):
+    fifo = tmp_path / "sentences.fifo"
+    os.mkfifo(fifo)
+    code, err = _run(_argv(tmp_path / "run", tiny_bert, fifo, small_sts, tmp_path / "cache"), capsys)
+    assert code == 2, err[-3000:]
+    assert f"--data {fifo}: not a regular file (a pipe, a device or a socket)" in _one_line_error(err)
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path, nli_csv):
+    """Spreadsheets save UTF-8 with a byte order mark before the header: it is no part of it."""
+    from plumbing import inputs
+    mine = tmp_path / "nli.csv"
+    mine.write_bytes(b"\xef\xbb\xbf" + nli_csv.read_bytes())
+    assert inputs.read_csv_columns(mine) == inputs.read_csv_columns(nli_csv)
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
+def test_resume_puts_the_checkpoint_back_onto_the_models_device(tmp_path, tiny_bert, data, small_sts,
+                                                                finished, monkeypatch):
+    """On a GPU the model lives on cuda, and a checkpoint loaded onto the model's device put the
+    RNG states there too: torch.set_rng_state refused them (TypeError: RNG state must be a
+    torch.ByteTensor) and every --resume crashed. Here the model lives on the meta device, as
+    foreign to the CPU as a GPU: train()'s resume puts the weights and AdamW's moments there
+    through load_state_dict, and the RNG state back as the CPU's own."""
+    out = _copy(finished, tmp_path)
+    argv = _argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume")
+    args = common.parse_args(simcse.Args, argv)
+    tokenizer, encoder = common.load_encoder(args.model)
+    model = simcse.SimCSE(encoder, args.tau, supervised=False).to("meta")
+    made, real = [], common.make_optimizer
+    monkeypatch.setattr(common, "make_optimizer", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    data_ = common.tokenize_columns(args, tokenizer, common.load_columns(args.data))
+    saved = torch.load(out / "last" / "state.pt", weights_only=True)["rng_cpu"]
+    torch.manual_seed(12345)                                 # anything but the checkpoint's state
+    assert common.train(args, model, data_, tokenizer, args.pooler, final_eval=False)["steps"] == 6
+    assert torch.equal(torch.get_rng_state(), saved)
+    opt = made[0][0]
+    assert all(s[k].device.type == "meta" for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
 
 
 # ------------------------------------------------------------------------------------
@@ -605,73 +885,26 @@ def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
 # SIGTERM: Ctrl-C's handling; the folder let go at once
 # ------------------------------------------------------------------------------------
 
-# simcse.py held still before its 3rd step (after its first checkpoint, step 2) for up to 10
-# minutes; when run_main has ended the run (SystemExit) the process stays alive until told to go,
-# so that a second process tries the folder while the first still exists (a lock that only the
-# process's end let go of would stop it)
-TERM_RUN = """
-import sys, time
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import common, simcse
-signals = Path(sys.argv[2])
-real, calls = common.train_step, [0]
-def held(*a, **k):
-    calls[0] += 1
-    t0 = time.time()
-    while calls[0] == 3 and time.time() - t0 < 600:
-        time.sleep(0.1)
-    return real(*a, **k)
-common.train_step = held
-try:
-    common.run_main(simcse.main, sys.argv[3:])
-except SystemExit as e:
-    (signals / "ended").write_text(str(e.code))
-    t0 = time.time()
-    while not (signals / "go").exists() and time.time() - t0 < 600:
-        time.sleep(0.1)
-    raise
-"""
-
-
 def test_sigterm_ends_the_run_in_one_line_and_lets_go_of_the_folder(
         tmp_path, tiny_bert, data, small_sts, finished):
-    out, cache, signals = tmp_path / "run", tmp_path / "cache", tmp_path / "signals"
-    signals.mkdir()
+    """The first process, stopped by SIGTERM, stays alive once run_main has ended its command (it
+    lingers): a second process must take its folder while it still exists (a lock that only the
+    process's end let go of would stop it)."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
     argv = _argv(out, tiny_bert, data, small_sts, cache)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-c", TERM_RUN, str(ROOT), str(signals), *argv], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.time()
-        while not (out / "last" / "state.pt").exists():      # the first checkpoint (step 2)
-            assert first.poll() is None, first.stderr.read()[-3000:]
-            assert time.time() - t0 < 300, "the run wrote no checkpoint"
-            time.sleep(0.2)
-        first.send_signal(signal.SIGTERM)
-        t0 = time.time()
-        while not (signals / "ended").exists():
-            assert first.poll() is None, f"SIGTERM killed the run (exit {first.returncode}): " \
-                                         f"{first.stderr.read()[-3000:]}"
-            assert time.time() - t0 < 120, "the run did not end on SIGTERM"
-            time.sleep(0.1)
-        assert (signals / "ended").read_text() == "143"
+    with Held(tmp_path / "held", "simcse.py", argv, linger=True) as first:
+        first.wait()                                        # before step 3: step 2's checkpoint is kept
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.wait("ended", timeout=120) == "143"
         # the first process is still alive: its run folder must be free already
-        second = subprocess.run([sys.executable, str(ROOT / "simcse.py"), *argv, "--resume"], env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert first.poll() is None, "the first process ended before the second one took its folder"
+        second = script("simcse.py", [*argv, "--resume"])
+        assert first.proc.poll() is None, "the first process ended before the second one took its folder"
         assert second.returncode == 0, second.stderr[-3000:]
         assert f"resuming {out} at step 2 " in second.stderr, second.stderr[-3000:]
-        (signals / "go").write_text("")
-        first.wait(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-    err = first.stderr.read()
-    assert first.returncode == 143, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    said = [line for line in err.splitlines() if "SIGTERM" in line]
-    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], err[-3000:]
+        first.go("exit")
+        r = first.end(timeout=120)
+    assert r.returncode == 143, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    said = [line for line in r.stderr.splitlines() if "SIGTERM" in line]
+    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], r.stderr[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)

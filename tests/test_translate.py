@@ -15,15 +15,9 @@ import pytest
 import torch
 
 import common
-from conftest import ROOT
+from conftest import ROOT, run_base
 from plumbing import inputs
 from plumbing import translation as translate
-
-
-def run_base(tmp_path, parallel, *extra):
-    return ["--model", str(tmp_path / "no-such-model"), "--data", str(parallel / "en.txt"),
-            "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "c"),
-            "--sts_dir", str(tmp_path / "no-sts"), *extra]
 
 
 def translate_flags(parallel, tiny_mt, out=None, chunk=16, batch=4):

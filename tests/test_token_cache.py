@@ -1,0 +1,117 @@
+"""The token cache is trusted only when it is whole and its own, and is only a cache.
+
+Its name is a SHA-256 of all that decides the ids: two tokenizers that differ in two ids (the
+real BERT vocabulary with "the" and "of" swapped) never share a file. A file that is not whole and
+this key's (cut short, pickled arrays, a link, another cache under its name) is tokenised again and
+replaced, with a note; a pickle in it never runs; what a killed process left is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import common
+from conftest import EnglishLike
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return EnglishLike(11).sentences(60)
+
+
+def _fresh(tokenizer, texts: list[str]) -> np.ndarray:
+    return common.tokenize(tokenizer, texts, 16).ids              # no cache
+
+
+def test_two_tokenizers_that_differ_in_two_ids_do_not_share_a_cache(minilm, texts, tmp_path):
+    """The real BERT vocabulary (30,522 pieces), "the" and "of" swapped: an earlier key hashed only
+    the first 2,000 sorted pieces (all but three of them ##-pieces), and the second tokenizer read
+    the first one's ids."""
+    from transformers import AutoTokenizer
+    swapped = tmp_path / "swapped"
+    shutil.copytree(minilm, swapped, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    spec = json.loads((swapped / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    vocab["the"], vocab["of"] = vocab["of"], vocab["the"]
+    (swapped / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    first, second = AutoTokenizer.from_pretrained(str(minilm)), AutoTokenizer.from_pretrained(str(swapped))
+    assert second.convert_tokens_to_ids("the") == first.convert_tokens_to_ids("of")
+    a = common.tokenize(first, texts, 16, tmp_path / "cache")
+    b = common.tokenize(second, texts, 16, tmp_path / "cache")
+    assert np.array_equal(b.ids, _fresh(second, texts)) and not np.array_equal(a.ids, b.ids)
+    assert len(list((tmp_path / "cache").glob("tok-*.npz"))) == 2
+
+
+class _Shell:
+    """Unpickling this runs a shell command."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _cut(cache: Path, other: Path, tmp_path: Path) -> None:
+    cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
+
+
+def _pickled(cache: Path, other: Path, tmp_path: Path) -> None:
+    payload = np.array([_Shell(f"touch {tmp_path / 'marker'}")], dtype=object)
+    np.savez(cache, ids=payload, lengths=payload, pad_id=0, key=cache.stem)
+
+
+def _link(cache: Path, other: Path, tmp_path: Path) -> None:
+    cache.unlink()
+    cache.symlink_to(other)
+
+
+def _renamed(cache: Path, other: Path, tmp_path: Path) -> None:
+    shutil.copy(other, cache)
+
+
+DAMAGES = {"cut short": _cut, "pickled arrays": _pickled, "a link to another cache": _link,
+           "another cache under its name": _renamed}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_cache_that_is_not_whole_and_its_own_is_tokenised_again(tiny_bert, texts, tmp_path, capsys, damage):
+    from transformers import AutoTokenizer
+    tok, cache_dir = AutoTokenizer.from_pretrained(str(tiny_bert)), tmp_path / "cache"
+    common.tokenize(tok, texts[:30], 16, cache_dir)                 # another cache, of other texts
+    other = next(cache_dir.glob("tok-*.npz"))
+    common.tokenize(tok, texts, 16, cache_dir)
+    cache = next(p for p in cache_dir.glob("tok-*.npz") if p != other)
+    DAMAGES[damage](cache, other, tmp_path)
+    kept = other.read_bytes()
+    capsys.readouterr()
+    again = common.tokenize(tok, texts, 16, cache_dir)
+    assert np.array_equal(again.ids, _fresh(tok, texts))
+    assert f"note: the token cache {cache} is not whole" in capsys.readouterr().err
+    assert not (tmp_path / "marker").exists(), "loading the cache ran the code it carries"
+    assert not cache.is_symlink() and other.read_bytes() == kept          # replaced, not written through
+    assert np.array_equal(common.tokenize(tok, texts, 16, cache_dir).ids, again.ids)   # read back whole
+
+
+def test_what_a_killed_process_left_is_removed_at_the_next_write(tiny_bert, texts, tmp_path):
+    """A full-size temporary file, left by a kill -9 inside the cache's write (its process is gone);
+    one of a live process (another rank writing) stays."""
+    from transformers import AutoTokenizer
+    tok, cache_dir = AutoTokenizer.from_pretrained(str(tiny_bert)), tmp_path / "cache"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    cache_dir.mkdir()
+    left = cache_dir / f".tok-{'0' * 32}.{gone}.tmp.npz"
+    alive = cache_dir / f".tok-{'1' * 32}.{os.getpid()}.tmp.npz"
+    for p in (left, alive):
+        p.write_bytes(b"\0" * 4096)
+    common.tokenize(tok, texts, 16, cache_dir)
+    assert not left.exists() and alive.exists()
