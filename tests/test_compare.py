@@ -205,20 +205,21 @@ def test_the_mechanism_table_shows_each_methods_own_figures_at_the_start_and_the
     md = tmp_path / "t.md"
     compare([*runs, rcl_run, simcse_run, "--markdown", md])
     out = capsys.readouterr().out
-    rows = {(r["label"].split()[0], r["figure"]): r for r in tool.mechanism_rows(
+    rows = {r["label"].split()[0] + r["label"].partition(" / ")[2]: r for r in tool.mechanism_rows(
         tool.group_runs([tool.read_run(p) for p in (*runs, rcl_run, simcse_run)]))}
-    # the last record is step 40's, whatever the order of the lines
-    margin = rows["ifcl.py", "margin"]
-    assert (margin["start"], margin["end"]) == ("0.03 ± 0.014", "0.04 ± 0.014")
-    assert margin["steps"] == "1-10 -> 31-40"
-    assert rows["ifcl.py", "twins_gap"]["start"] == "0.5 ± 0"
-    assert rows["rcl.py", "regulators"]["start"] == "4" and rows["rcl.py", "regulators"]["end"] == "0.5"
-    assert rows["rcl.py", "entropy_phi0.01: phi_entropy"]["end"] == "0.0002"
-    assert rows["rcl.py", "entropy_phi0.01: loss"]["steps"] == "1-5 -> 6-10"
-    assert not [k for k in rows if k[0] == "simcse.py"]
-    assert "entropy_phi0.01: phi_entropy" in out and "0.03 ± 0.014" in out
+    # the last record is step 40's, whatever the order of the lines; seeds: mean±std
+    assert rows["ifcl.py"]["figures"]["margin"] == "0.03±0.01 → 0.04±0.01"
+    assert rows["ifcl.py"]["figures"]["twins_gap"] == "0.5±0 → 0.1±0"
+    assert rows["ifcl.py"]["steps"] == "1-10 → 31-40"
+    assert rows["rcl.py"]["figures"] == {"contrastive": "2 → 1", "regulators": "4 → 0.5"}
+    stage = rows["rcl.pyentropy_phi0.01"]
+    assert stage["figures"]["phi_entropy"] == "0.0004 → 0.0002" and "loss" in stage["figures"]
+    assert stage["steps"] == "1-5 → 6-10"
+    assert set(rows) == {"ifcl.py", "rcl.py", "rcl.pyentropy_phi0.01"}          # SimCSE: no figure of its own
+    assert "phi_entropy" in out and "0.03±0.01 → 0.04±0.01" in out
     text = md.read_text()
-    assert "| run | figure | start | end | steps |" in text and "| ifcl.py" in text
+    assert "| run | steps | margin | twins_gap |" in text
+    assert "| run | steps | contrastive | regulators |" in text
 
 
 def test_a_folder_of_runs_stands_for_every_run_under_it(tmp_path, capsys):

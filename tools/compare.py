@@ -279,51 +279,54 @@ def _steps(records: list[dict], i: int) -> str:
 
 def _mean_std(values: list[float]) -> str:
     if len(values) < 2:
-        return f"{values[0]:.4g}"
-    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.2g}"
+        return f"{values[0]:.3g}"
+    return f"{np.mean(values):.3g}±{np.std(values, ddof=1):.1g}"
 
 
 def mechanism_rows(groups: list[dict]) -> list[dict]:
-    """[{"label", "figure", "start", "end", "steps"}]: for every finished group of a script in
-    MECHANISM, each of its figures in the first and in the last training record, mean ± std over
-    the group's runs (and, for RCL, each entropy model's STAGE_MECHANISM figures)."""
+    """[{"label", "kind", "steps", "figures": {figure: "start → end"}}]: for every finished group of
+    a script in MECHANISM, its figures in the first and in the last training record, mean±std over
+    the group's runs; for RCL, a row too for each entropy model (kind "rcl.py entropy models")."""
     rows = []
     for g in (g for g in groups if g["finished"] and g["runs"][0]["script"] in MECHANISM):
-        parts = [("", Path(), MECHANISM[g["runs"][0]["script"]])]
-        parts += [(f"{d.name}: ", Path(d.name), STAGE_MECHANISM)
+        script = g["runs"][0]["script"]
+        parts = [(g["label"], script, Path(), MECHANISM[script])]
+        parts += [(f"{g['label']} / {d.name}", f"{script} entropy models", Path(d.name), STAGE_MECHANISM)
                   for d in sorted(g["runs"][0]["path"].glob("entropy_phi*")) if d.is_dir()]
-        for prefix, sub, keys in parts:
+        for label, kind, sub, keys in parts:
             logs = [training_records(r["path"] / sub) for r in g["runs"]]
             if not all(logs):
                 continue
-            for key in keys:
-                if not all(key in log[0] and key in log[-1] for log in logs):
-                    continue
-                rows.append({"label": g["label"], "figure": prefix + key,
-                             "start": _mean_std([log[0][key] for log in logs]),
-                             "end": _mean_std([log[-1][key] for log in logs]),
-                             "steps": f"{_steps(logs[0], 0)} -> {_steps(logs[0], len(logs[0]) - 1)}"})
+            figures = {k: " → ".join(_mean_std([log[i][k] for log in logs]) for i in (0, -1))
+                       for k in keys if all(k in log[0] and k in log[-1] for log in logs)}
+            if figures:
+                rows.append({"label": label, "kind": kind, "figures": figures,
+                             "steps": f"{_steps(logs[0], 0)} → {_steps(logs[0], len(logs[0]) - 1)}"})
     return rows
 
 
-MECHANISM_NOTE = ("The mechanism's own figures, as metrics.jsonl logs them: the first training record "
-                  "(the mean over its steps) and the last; n seeds: mean ± sample std.")
+MECHANISM_NOTE = ("What each method's own part did, as metrics.jsonl logs it: the first training record "
+                  "(the mean over its steps) → the last; n seeds: mean±sample std.")
 
 
 def format_mechanism(rows: list[dict], markdown: bool = False) -> str:
-    """The mechanism table: one line a figure of a row."""
-    head = ["run", "figure", "start", "end", "steps"]
-    cells = [[r[k] for k in head[1:]] for r in rows]
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join([r["label"].replace("|", "\\|"), *c]) + " |" for r, c in zip(rows, cells)]
-        return "\n".join(lines) + f"\n\n{MECHANISM_NOTE}\n"
-    widths = [max(len(x) for x in [h] + [c[i] for c in cells]) for i, h in enumerate(head[1:])]
-    lw = max([3] + [len(r["label"]) for r in rows])
-    lines = [f"{'run':{lw}s}  " + "  ".join(f"{h:>{w}s}" for h, w in zip(head[1:], widths))]
-    lines += [f"{r['label']:{lw}s}  " + "  ".join(f"{c:>{w}s}" for c, w in zip(cs, widths))
-              for r, cs in zip(rows, cells)]
-    return "\n".join(lines + [MECHANISM_NOTE])
+    """The mechanism tables: one a kind of row (a script, or RCL's entropy models), one column a
+    figure it logs ('-' where a row has none: an ablation that drops the term)."""
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        some = [r for r in rows if r["kind"] == kind]
+        keys = list(dict.fromkeys(k for r in some for k in r["figures"]))
+        head = ["run", "steps", *keys]
+        cells = [[r["label"], r["steps"], *(r["figures"].get(k, "-") for k in keys)] for r in some]
+        if markdown:
+            lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        else:
+            w = [max(len(x) for x in [h] + [row[i] for row in cells]) for i, h in enumerate(head)]
+            lines = ["  ".join([f"{row[0]:<{w[0]}s}", *(f"{x:>{n}s}" for x, n in zip(row[1:], w[1:]))])
+                     for row in [head, *cells]]
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + f"\n\n{MECHANISM_NOTE}" + ("\n" if markdown else "")
 
 
 def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
