@@ -37,10 +37,40 @@ def barrier() -> None:
         dist.barrier()
 
 
-def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
-    """The progress bar of every long loop (tokenising, downloading, training, translating)."""
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
-                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0,
+             leave: bool = True, delay: float = 0.0):
+    """The progress bar of every long loop (tokenising, downloading, training, translating,
+    evaluating), on stderr: the screen's, never the results' (stdout). A count of bytes (unit
+    "B") reads as kB, MB, GB. `leave=False`: erased when done; `delay`: drawn only once the loop
+    has run that many seconds."""
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
+                delay=delay, unit_scale=unit == "B", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+
+
+# the bars of the evaluations running now (innermost last): make_encode's batches move the last on
+_evaluating: list = []
+# seconds an evaluation runs before its bar is drawn: a short one (a tiny model, a test) draws none
+EVAL_DELAY = 1.0
+
+
+@contextlib.contextmanager
+def evaluating(desc: str, total: int):
+    """A bar over the `total` sentences an evaluation encodes: rank 0 only, drawn after EVAL_DELAY
+    seconds and erased when done (the figures are printed after it); encoded(n) moves it on.
+    The caller labels it (set_description(refresh=False): a refresh would draw it at once)."""
+    bar = progress(total, desc, "sent", disable=world()[0] != 0, leave=False, delay=EVAL_DELAY)
+    _evaluating.append(bar)
+    try:
+        yield bar
+    finally:
+        _evaluating.remove(bar)
+        bar.close()
+
+
+def encoded(n: int) -> None:
+    """`n` more sentences encoded: the bar of the evaluation running now, if any, moves on."""
+    if _evaluating:
+        _evaluating[-1].update(n)
 
 
 class Screen:

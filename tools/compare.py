@@ -496,12 +496,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.baseline:   # the untrained encoder, evaluated as `python tools/eval.py` does
         tasks = table["tasks"] if table else None
         encode = common.saved_encoder(args.baseline, args.pooler, args.batch_size)
-        res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test")
         label = f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]"
+        res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test", desc=label)
         table = compare_table(groups, (label, res))
         if args.plot:   # where the runs evaluated with its pooler start in Fig. 2
             start = {"label": label, "pooler": args.pooler,
-                     **common.alignment_uniformity(encode, args.sts_dir)}
+                     **common.alignment_uniformity(encode, args.sts_dir, desc=label)}
             print(f"{label}: alignment {start['alignment']:.3f} / uniformity {start['uniformity']:.3f} "
                   f"on STS-B test (the star in the second panel)", file=sys.stderr)
     mechanism = mechanism_rows(groups)
