@@ -652,7 +652,8 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 def start(args: TrainArgs) -> torch.device:
     """Before a script loads a model: torchrun's process group; every flag, then every file checked
     before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (args.json, run.json)."""
+    on the data settled; the seed; the run folder, held, with its record (args.json, run.json), and
+    named on stderr."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     process.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
@@ -672,6 +673,11 @@ def start(args: TrainArgs) -> torch.device:
     args.settle(rows)
     seed_everything(args.seed)
     open_run(args)          # held by this process; its record written, or --resume held to it
+    if world()[0] == 0:     # the default folder's name is long: where the run goes, said once
+        what = ("--resume: the run goes on there from its last checkpoint" if args.resume else
+                "the flags in args.json, the log in metrics.jsonl; last/ at each evaluation, best/ at "
+                "the best STS-B dev")
+        print(f"run folder: {args.output_dir} ({what})", file=sys.stderr)
     return device
 
 
@@ -873,8 +879,9 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
 
 def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[PaperRow]) -> dict:
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
-    uniformity, print them beside the paper's rows that the flags select, and keep all of it
-    (with the pooler: tools/compare.py labels the run with it) in best/test_metrics.json."""
+    uniformity, print them beside the paper's rows that the flags select, keep all of it (with the
+    pooler: tools/compare.py labels the run with it) in best/test_metrics.json; then say what to
+    run next."""
     if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
         raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
                         f"another --output_dir.")
@@ -885,4 +892,5 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
     write_json(best_dir / "test_metrics.json", kept)
+    print(process.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
     return res

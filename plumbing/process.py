@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -159,6 +161,38 @@ def recorded() -> Path | None:
     """The run folder this command recorded, once its record (args.json) is there: the folder
     --resume accepts. None before (--resume would be refused: the same command starts the run)."""
     return recorded_run if recorded_run is not None and (recorded_run / "args.json").is_file() else None
+
+
+def tool(name: str) -> str:
+    """A tool's path as typed from the working folder: tools/compare.py in the repository, else
+    the whole path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / name
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+def what_next(best: Path, model: str, pooler: str, sts_dir: str) -> str:
+    """The end of a run: where its best model is, and the commands to run next, as typed from the
+    working folder: the run beside the untrained encoder, best/ evaluated again, best/ loaded."""
+    q = shlex.quote
+    sts = "" if Path(sts_dir) == Path("data/sts") else f" --sts_dir {q(sts_dir)}"
+    # Python inside the shell's single quotes: its strings in double quotes
+    folder, pair = json.dumps(str(best)), '["A man is playing a guitar.", "Someone plays music."]'
+    if (best / "modules.json").is_file():          # written for the poolers sentence-transformers has
+        load = (f"from sentence_transformers import SentenceTransformer; m = SentenceTransformer({folder}); "
+                f"e = m.encode({pair}); print(m.similarity(e[:1], e[1:]))")
+        how = "in sentence-transformers: the cosine of two sentences"
+    else:
+        load = (f"from transformers import AutoModel, AutoTokenizer; t = AutoTokenizer.from_pretrained("
+                f"{folder}); m = AutoModel.from_pretrained({folder}); print(m(**t({pair}, padding=True, "
+                f'return_tensors="pt"), output_hidden_states=True).hidden_states[-1].shape)')
+        how = f"in transformers: sentence-transformers has no {pooler} pooling (common.pool has)"
+    return "\n".join([
+        f"best model: {best} (the figures above: its test_metrics.json); next:",
+        f"  python {tool('compare.py')} {q(str(best.parent))} --baseline {q(model)} --pooler {pooler}{sts}"
+        f"   # beside the untrained encoder",
+        f"  python {tool('eval.py')} --model {q(str(best))} --pooler {pooler}{sts}   # the 7 tasks again",
+        f"  python -c {q(load)}   # {how}"])
 
 
 def next_command() -> str:

@@ -1,9 +1,15 @@
-"""Every phase shows progress: the evaluations' bars (labelled with the task, on stderr, rank 0
-only, none for an evaluation under a second), and a download's bar in bytes."""
+"""Every phase shows progress, and a run says where it went and what next: the evaluations' bars
+(labelled with the task, on stderr, rank 0 only, none for an evaluation under a second), a
+download's bar in bytes, the run folder as a run starts, and the commands it prints at the end
+(each one run here, as a user would)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +18,7 @@ import pytest
 
 import common
 import simcse
+from conftest import ENV, ROOT
 from plumbing import downloads, process
 from tools import compare
 from tools import eval as eval_tool
@@ -129,3 +136,50 @@ def test_a_download_counts_bytes_in_kb_mb_gb(tmp_path, capsys):
     assert (tmp_path / "copy.txt").read_bytes() == src.read_bytes()
     err = capsys.readouterr().err
     assert "3.00M/3.00M" in err and "B/s" in err
+
+
+def test_a_tool_is_named_as_typed_from_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert process.tool("compare.py") == "tools/compare.py"
+    monkeypatch.chdir(tmp_path)                                  # elsewhere: the whole path
+    assert process.tool("eval.py") == (ROOT / "tools" / "eval.py").as_posix()
+
+
+def user_command(line: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command a run printed, run as the user pastes it into bash (its trailing # comment too)."""
+    env = dict(ENV, PATH=os.pathsep.join([str(Path(sys.executable).parent), ENV.get("PATH", "")]))
+    return subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_says_where_it_goes_and_each_next_command_runs(tmp_path, tiny_bert, corpus, small_sts):
+    """`python simcse.py ...` as a user runs it: the run folder as it starts (and on --resume);
+    at the end best/'s path and three commands, each of which runs: compare beside the untrained
+    encoder, eval.py on best/, best/ loaded in sentence-transformers."""
+    argv = [sys.executable, str(ROOT / "simcse.py"),
+            *run_argv(tiny_bert, corpus, small_sts, "run", tmp_path / "cache")]
+    first = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lines = [line for line in re.split(r"[\r\n]", first.stderr) if line.strip()]
+    assert lines[0] == ("run folder: run (the flags in args.json, the log in metrics.jsonl; last/ at each "
+                        "evaluation, best/ at the best STS-B dev)")
+    end = lines.index("best model: run/best (the figures above: its test_metrics.json); next:")
+    commands = lines[end + 1:]
+    assert [c.split()[:2] for c in commands] == [["python", (ROOT / "tools" / "compare.py").as_posix()],
+                                                 ["python", (ROOT / "tools" / "eval.py").as_posix()],
+                                                 ["python", "-c"]]
+    assert f"run --baseline {tiny_bert} --pooler cls_before_pooler --sts_dir {small_sts}" in commands[0]
+    assert f"--model run/best --pooler cls_before_pooler --sts_dir {small_sts}" in commands[1]
+    compare, evaluate, load = (user_command(c, tmp_path) for c in commands)
+    assert compare.returncode == evaluate.returncode == load.returncode == 0, \
+        (compare.stderr[-2000:], evaluate.stderr[-2000:], load.stderr[-2000:])
+    name = Path(tiny_bert).name
+    assert re.search(rf"^{name} untrained \[cls_before_pooler\] +- ", compare.stdout, re.M)
+    assert re.search(r"^simcse.py \[cls_before_pooler\] +1 ", compare.stdout, re.M)
+    stored = json.loads((tmp_path / "run" / "best" / "test_metrics.json").read_text())
+    assert f"{stored['avg']:.2f}" in re.search(r"^best \[cls_before_pooler\] .*$", evaluate.stdout, re.M)[0]
+    assert re.fullmatch(r"tensor\(\[\[-?[01]\.\d{4}\]\]\)\n", load.stdout)
+    again = subprocess.run(argv + ["--resume"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "run folder: run (--resume: the run goes on there from its last checkpoint)" in again.stderr
+    assert "best model: run/best" in again.stderr
