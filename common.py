@@ -89,6 +89,8 @@ class TrainArgs:
     eval_every: int = arg(125, "steps between STS-B dev evaluations (the best is kept in best/)",
                           "SimCSE official code", ge=1)
     sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    eval_untrained: bool = arg(False, "also evaluate the untrained --model on the 7 tasks at the end and "
+                               "print its row beside the run's; it does not change training")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     weight_decay: float = arg(0.0, "AdamW weight decay", "SimCSE official code", ge=0)
     max_grad_norm: float = arg(1.0, "gradient-norm clip (0 = none)", "SimCSE official code", ge=0)
@@ -573,16 +575,24 @@ class PaperRow:
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
 
 
-def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:
-    """The end of a run: the note; the 7 STS tasks beside the rows on test sets; alignment and
-    uniformity (STS-B test) and STS-B dev (best), each beside the rows that give them."""
+def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None,
+                 untrained: dict | None = None) -> str:
+    """The end of a run: the note; the 7 STS tasks beside the untrained encoder's (a result of
+    final_figures with its "label", if given) and the rows on test sets; alignment and uniformity
+    (STS-B test) and STS-B dev (best), each beside the rows that give them."""
     lines = [f"note: {note}"] if note else []
     sts_rows = [(label, r.figures) for label, r in picked if r.split == "test"
                 and set(r.figures) - {"alignment", "uniformity"}]
+    if untrained:       # the row a run starts from, first under the run's
+        figures = {t: untrained[t]["spearman"] for t in STS_TASKS if t in untrained}
+        sts_rows.insert(0, (untrained["label"], {**figures, "avg": untrained["avg"]}))
     lines.append(format_sts_table(res, sts_rows))
     if "alignment" in res:
         beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
                   for label, r in picked if r.split == "test" and "alignment" in r.figures]
+        if untrained:
+            beside.insert(0, f"; {untrained['label']}: {untrained['alignment']:.3f} / "
+                             f"{untrained['uniformity']:.3f}")
         lines.append(f"alignment / uniformity on STS-B test (lower is better): this run "
                      f"{res['alignment']:.3f} / {res['uniformity']:.3f}" + "".join(beside))
     beside = [f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in picked if r.split == "dev"]
@@ -879,18 +889,29 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
 
 def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[PaperRow]) -> dict:
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
-    uniformity, print them beside the paper's rows that the flags select, keep all of it (with the
-    pooler: tools/compare.py labels the run with it) in best/test_metrics.json; then say what to
-    run next."""
+    uniformity (with --eval_untrained, the untrained --model too, read off with the same pooler),
+    print them beside the paper's rows that the flags select, keep all of it (with the pooler:
+    tools/compare.py labels the run with it) in best/test_metrics.json; then say what to run next."""
     if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
         raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
                         f"another --output_dir.")
     res = final_figures(saved_encoder(best_dir, pooler), args.sts_dir, "final evaluation of best/")
+    untrained = None
+    if args.eval_untrained:
+        # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
+        # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
+        # random draw, a seed's rather than the encoder's
+        name = Path(args.model).name or args.model
+        label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
+        untrained = {"label": label, "model": args.model, "pooler": pooler,
+                     **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
     picked, note = select_rows(args, list(paper_rows))
     dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
-    print(paper_report(res, picked, note, dev))
+    print(paper_report(res, picked, note, dev, untrained))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
+    if untrained:
+        kept["untrained"] = untrained
     write_json(best_dir / "test_metrics.json", kept)
     print(process.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
     return res

@@ -1,7 +1,7 @@
 """Every phase shows progress, and a run says where it went and what next: the evaluations' bars
 (labelled with the task, on stderr, rank 0 only, none for an evaluation under a second), a
-download's bar in bytes, the run folder as a run starts, and the commands it prints at the end
-(each one run here, as a user would)."""
+download's bar in bytes, the run folder as a run starts, the commands it prints at the end (each
+one run here, as a user would), and --eval_untrained's row beside the run's."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 import common
+import ifcl
+import rcl
 import simcse
 from conftest import ENV, ROOT
-from plumbing import downloads, process
+from plumbing import downloads, flags, process
 from tools import compare
 from tools import eval as eval_tool
 
@@ -154,7 +156,8 @@ def user_command(line: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_a_run_says_where_it_goes_and_each_next_command_runs(tmp_path, tiny_bert, corpus, small_sts):
     """`python simcse.py ...` as a user runs it: the run folder as it starts (and on --resume);
     at the end best/'s path and three commands, each of which runs: compare beside the untrained
-    encoder, eval.py on best/, best/ loaded in sentence-transformers."""
+    encoder, eval.py on best/, best/ loaded in sentence-transformers. --eval_untrained, which
+    --resume may add, puts the untrained row in the table."""
     argv = [sys.executable, str(ROOT / "simcse.py"),
             *run_argv(tiny_bert, corpus, small_sts, "run", tmp_path / "cache")]
     first = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
@@ -178,8 +181,61 @@ def test_a_run_says_where_it_goes_and_each_next_command_runs(tmp_path, tiny_bert
     stored = json.loads((tmp_path / "run" / "best" / "test_metrics.json").read_text())
     assert f"{stored['avg']:.2f}" in re.search(r"^best \[cls_before_pooler\] .*$", evaluate.stdout, re.M)[0]
     assert re.fullmatch(r"tensor\(\[\[-?[01]\.\d{4}\]\]\)\n", load.stdout)
-    again = subprocess.run(argv + ["--resume"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                           timeout=600)
+    again = subprocess.run(argv + ["--resume", "--eval_untrained"], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "run folder: run (--resume: the run goes on there from its last checkpoint)" in again.stderr
+    assert re.search(rf"^untrained {name} \[cls_before_pooler\] ", again.stdout, re.M)
     assert "best model: run/best" in again.stderr
+
+
+def table_row(printed: str, label: str) -> list[float]:
+    line = next(line for line in printed.splitlines() if line.startswith(label + "  "))
+    return [float(x) for x in line[len(label):].split()]
+
+
+@pytest.mark.parametrize("pooler,shown", [("cls_before_pooler", "cls_before_pooler"),
+                                          ("cls", "cls: its pretrained pooler")])
+def test_eval_untrained_prints_and_keeps_the_untrained_row(tmp_path, tiny_bert, corpus, small_sts, cache_dir,
+                                                           capsys, pooler, shown):
+    """--eval_untrained: the untrained --model read off with the run's pooler (for `cls`, its own
+    pretrained pooler layer, as tools/eval.py reads it), in the table between the run and the
+    paper's rows, and in best/test_metrics.json under "untrained"; the run itself is unchanged
+    and its default folder name leaves the flag out."""
+    out, label = tmp_path / "run", f"untrained {Path(tiny_bert).name} [{shown}]"
+    res = simcse.main(run_argv(tiny_bert, corpus, small_sts, out, cache_dir, "--pooler", pooler,
+                               "--eval_untrained"))
+    printed = capsys.readouterr().out
+    stored = json.loads((out / "best" / "test_metrics.json").read_text())["untrained"]
+    expected = common.evaluate_encoder(str(tiny_bert), pooler, small_sts)
+    assert stored["label"] == label and stored["model"] == str(tiny_bert) and stored["pooler"] == pooler
+    tasks = [*common.STS_TASKS, "avg"]
+    assert {t: stored[t] for t in tasks} == {t: expected[t] for t in tasks}
+    assert {"alignment", "uniformity"} <= set(stored)
+    figures = [expected[t]["spearman"] for t in common.STS_TASKS] + [expected["avg"]]
+    assert table_row(printed, label) == [round(x, 2) for x in figures]
+    names = [line.split("  ")[0] for line in printed.splitlines()]
+    assert names.index("this run") + 1 == names.index(label)
+    assert f"; {label}: {stored['alignment']:.3f} / {stored['uniformity']:.3f}" in printed
+    plain = simcse.main(run_argv(tiny_bert, corpus, small_sts, tmp_path / "plain", cache_dir,
+                                 "--pooler", pooler))
+    assert plain["test"] == res["test"] and "untrained" not in capsys.readouterr().out
+    args = flags.parse_args(simcse.Args, ["--eval_untrained"])
+    assert flags.default_output_dir(args) == "runs/simcse/default"
+
+
+@pytest.mark.parametrize("script", ["ifcl", "rcl"])
+def test_eval_untrained_reads_the_scripts_start_with_its_pooler(tmp_path, tiny_bert, corpus, nli_csv,
+                                                                small_sts, cache_dir, script):
+    """IFCL evaluates with its --pooler (avg by default) and RCL's final model starts from --model
+    too: the untrained row is --model read off with that pooler."""
+    out = tmp_path / "run"
+    if script == "ifcl":
+        ifcl.main(run_argv(tiny_bert, corpus, small_sts, out, cache_dir, "--no_fraternal", "--no_queue",
+                           "--eval_untrained"))
+    else:
+        rcl.main(run_argv(tiny_bert, nli_csv, small_sts, out, cache_dir, "--phi", "0.01", "--eval_untrained"))
+    stored = json.loads((out / "best" / "test_metrics.json").read_text())["untrained"]
+    label = f"untrained {Path(tiny_bert).name} [avg]"
+    assert (stored["model"], stored["pooler"], stored["label"]) == (str(tiny_bert), "avg", label)
+    assert stored["avg"] == common.evaluate_encoder(str(tiny_bert), "avg", small_sts)["avg"]

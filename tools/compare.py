@@ -10,10 +10,10 @@ puts each run) stands for every run folder under it.
 
 Runs whose args.json agree on everything but --seed and the flags that say where and how a
 run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
---sts_dir, --cache_dir, --compile) form one row: mean ± sample std over its n seeds; a run that
-differs only in where its STS data lives, or in whether its step was compiled, is one more seed
-of the same row. A row is labelled with the script that made it (run.json), the flags that
-tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+--sts_dir, --cache_dir, --compile, --eval_untrained) form one row: mean ± sample std over its n
+seeds; a run that differs only in where its STS data lives, or in whether its step was compiled,
+is one more seed of the same row. A row is labelled with the script that made it (run.json), the
+flags that tell it apart from the other rows, and in brackets the pooler of its final evaluation.
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
 
