@@ -89,6 +89,8 @@ class TrainArgs:
     eval_every: int = arg(125, "steps between STS-B dev evaluations (the best is kept in best/)",
                           "SimCSE official code", ge=1)
     sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    eval_untrained: bool = arg(False, "also evaluate the untrained --model on the 7 tasks at the end and "
+                               "print its row beside the run's; it does not change training")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
     weight_decay: float = arg(0.0, "AdamW weight decay", "SimCSE official code", ge=0)
     max_grad_norm: float = arg(1.0, "gradient-norm clip (0 = none)", "SimCSE official code", ge=0)
@@ -362,6 +364,7 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
             with torch.autocast(device.type, enabled=False):      # fp32, inside a bf16 step's autocast too
                 o = encoder(**batch, output_hidden_states=hidden)
                 out[rows] = pool(o, batch["attention_mask"], pooler, mlp).float().cpu().numpy()  # (B, d)
+            process.encoded(len(rows))                            # the evaluation's progress bar
         for m in modules:
             m.train(was_training)
         return out
@@ -437,44 +440,51 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
 
 
 def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
-                 tasks: list[str] | None = None, split: str = "test") -> dict:
+                 tasks: list[str] | None = None, split: str = "test", desc: str = "evaluating") -> dict:
     """Spearman x100 of cosine similarity, as SimCSE's SentEval computes it. split="test": the 7
     tasks, STS12-16 reporting "all" (one Spearman over a task's pairs concatenated; per subset,
     their mean and weighted mean beside); "dev": STS-B dev and SICK-R trial. res["avg"]: the
     mean of the reported figures. A task's distinct sentences are encoded once, apart from the
-    other tasks: its figure is the same whichever tasks are evaluated with it."""
+    other tasks: its figure is the same whichever tasks are evaluated with it. An evaluation
+    longer than a second shows a bar on stderr, `desc` and the task, then each task's figure."""
     inputs.check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
     loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
+    uniq = {t: sorted({s for a, b, _ in subs.values() for s in a + b}) for t, subs in loaded.items()}
     res: dict[str, Any] = {}
-    for t, subs in loaded.items():
-        uniq = sorted({s for a, b, _ in subs.values() for s in a + b})
-        emb = encode(uniq)                                                  # (U, d)
-        row = {s: i for i, s in enumerate(uniq)}
-        sims = {name: cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
-                for name, (a, b, _) in subs.items()}
-        per = {name: {"spearman": _spearman(sims[name], gold), "n": len(gold)}
-               for name, (_, _, gold) in subs.items()}
-        n = sum(p["n"] for p in per.values())
-        gold = np.concatenate([g for _, _, g in subs.values()])
-        res[t] = {"spearman": _spearman(np.concatenate(list(sims.values())), gold), "n": n}
-        if t in STS_SUBSETS:
-            res[t].update(subsets=per, mean=float(np.mean([p["spearman"] for p in per.values()])),
-                          wmean=float(sum(p["spearman"] * p["n"] for p in per.values()) / n))
+    with process.evaluating(desc, sum(map(len, uniq.values()))) as bar:
+        for k, (t, subs) in enumerate(loaded.items()):
+            bar.set_description(f"{desc}: {TASK_SHORT[t]} {split} ({k + 1}/{len(tasks)})", refresh=False)
+            done = bar.n + len(uniq[t])
+            emb = encode(uniq[t])                                           # (U, d)
+            bar.update(done - bar.n)                 # an encode of the caller's own moves it here
+            row = {s: i for i, s in enumerate(uniq[t])}
+            sims = {name: cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
+                    for name, (a, b, _) in subs.items()}
+            per = {name: {"spearman": _spearman(sims[name], gold), "n": len(gold)}
+                   for name, (_, _, gold) in subs.items()}
+            n = sum(p["n"] for p in per.values())
+            gold = np.concatenate([g for _, _, g in subs.values()])
+            res[t] = {"spearman": _spearman(np.concatenate(list(sims.values())), gold), "n": n}
+            if t in STS_SUBSETS:
+                res[t].update(subsets=per, mean=float(np.mean([p["spearman"] for p in per.values()])),
+                              wmean=float(sum(p["spearman"] * p["n"] for p in per.values()) / n))
+            bar.set_postfix_str(f"{TASK_SHORT[t]} {res[t]['spearman']:.2f}", refresh=False)
     res["avg"] = float(np.mean([res[t]["spearman"] for t in tasks]))
     return res
 
 
 def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
-                         split: str = "test") -> dict[str, float]:
+                         split: str = "test", desc: str = "evaluating") -> dict[str, float]:
     """Wang & Isola (2020), as SimCSE reports them, on STS-B (lower is better for both): alignment
     = mean ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
     over all distinct pairs of sentences; f normalised. NOTE(ours): the test split, Focal-InfoNCE
     Tab. 3's (its SpCorr column is Tab. 2's STS-B test figure); SimCSE names no split."""
     a, b, gold = load_sts_pairs(data_dir, "STSBenchmark", split)[split]
     sents = sorted(set(a) | set(b))
-    f = F.normalize(torch.from_numpy(encode(sents)).double(), dim=-1)      # (U, d)
+    with process.evaluating(f"{desc}: alignment and uniformity, STS-B {split}", len(sents)):
+        f = F.normalize(torch.from_numpy(encode(sents)).double(), dim=-1)  # (U, d)
     row = {s: i for i, s in enumerate(sents)}
     fa = f[[row[s] for s, g in zip(a, gold) if g > 4]]                      # (P, d)
     fb = f[[row[s] for s, g in zip(b, gold) if g > 4]]                      # (P, d)
@@ -492,9 +502,10 @@ def saved_encoder(model: str | Path, pooler: str, batch_size: int = 128) -> Call
 
 
 def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[str] | None = None,
-                     split: str = "test", batch_size: int = 128) -> dict:
+                     split: str = "test", batch_size: int = 128, desc: str = "evaluating") -> dict:
     """evaluate_sts of an encoder as saved (hub name or folder), read off with `pooler`."""
-    return evaluate_sts(saved_encoder(model, pooler, batch_size), sts_dir, tasks=tasks, split=split)
+    encode = saved_encoder(model, pooler, batch_size)
+    return evaluate_sts(encode, sts_dir, tasks=tasks, split=split, desc=desc)
 
 
 def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str = "this run") -> str:
@@ -564,16 +575,24 @@ class PaperRow:
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
 
 
-def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None) -> str:
-    """The end of a run: the note; the 7 STS tasks beside the rows on test sets; alignment and
-    uniformity (STS-B test) and STS-B dev (best), each beside the rows that give them."""
+def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None,
+                 untrained: dict | None = None) -> str:
+    """The end of a run: the note; the 7 STS tasks beside the untrained encoder's (a result of
+    final_figures with its "label", if given) and the rows on test sets; alignment and uniformity
+    (STS-B test) and STS-B dev (best), each beside the rows that give them."""
     lines = [f"note: {note}"] if note else []
     sts_rows = [(label, r.figures) for label, r in picked if r.split == "test"
                 and set(r.figures) - {"alignment", "uniformity"}]
+    if untrained:       # the row a run starts from, first under the run's
+        figures = {t: untrained[t]["spearman"] for t in STS_TASKS if t in untrained}
+        sts_rows.insert(0, (untrained["label"], {**figures, "avg": untrained["avg"]}))
     lines.append(format_sts_table(res, sts_rows))
     if "alignment" in res:
         beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
                   for label, r in picked if r.split == "test" and "alignment" in r.figures]
+        if untrained:
+            beside.insert(0, f"; {untrained['label']}: {untrained['alignment']:.3f} / "
+                             f"{untrained['uniformity']:.3f}")
         lines.append(f"alignment / uniformity on STS-B test (lower is better): this run "
                      f"{res['alignment']:.3f} / {res['uniformity']:.3f}" + "".join(beside))
     beside = [f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in picked if r.split == "dev"]
@@ -643,7 +662,8 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 def start(args: TrainArgs) -> torch.device:
     """Before a script loads a model: torchrun's process group; every flag, then every file checked
     before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (args.json, run.json)."""
+    on the data settled; the seed; the run folder, held, with its record (args.json, run.json), and
+    named on stderr."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     process.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
@@ -663,6 +683,11 @@ def start(args: TrainArgs) -> torch.device:
     args.settle(rows)
     seed_everything(args.seed)
     open_run(args)          # held by this process; its record written, or --resume held to it
+    if world()[0] == 0:     # the default folder's name is long: where the run goes, said once
+        what = ("--resume: the run goes on there from its last checkpoint" if args.resume else
+                "the flags in args.json, the log in metrics.jsonl; last/ at each evaluation, best/ at "
+                "the best STS-B dev")
+        print(f"run folder: {args.output_dir} ({what})", file=sys.stderr)
     return device
 
 
@@ -720,13 +745,19 @@ class Meter:
         return record
 
 
-def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path) -> dict[str, float]:
+def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path,
+                desc: str = "evaluating") -> dict[str, float]:
     """What the log records at an evaluation: STS-B dev (which chooses best/), SICK-R trial, their
     mean, and alignment and uniformity on STS-B test (Focal Tab. 3; against each other, SimCSE's
-    Fig. 2: tools/compare.py --plot)."""
-    dev = evaluate_sts(encode, sts_dir, split="dev")
+    Fig. 2: tools/compare.py --plot). `desc` labels its progress bar."""
+    dev = evaluate_sts(encode, sts_dir, split="dev", desc=desc)
     return {"stsb_dev": dev["STSBenchmark"]["spearman"], "sickr_dev": dev["SICKRelatedness"]["spearman"],
-            "avg_dev": dev["avg"], **alignment_uniformity(encode, sts_dir)}
+            "avg_dev": dev["avg"], **alignment_uniformity(encode, sts_dir, desc=desc)}
+
+
+def final_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path, desc: str) -> dict:
+    """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test."""
+    return {**evaluate_sts(encode, sts_dir, desc=desc), **alignment_uniformity(encode, sts_dir, desc=desc)}
 
 
 # =====================================================================================
@@ -831,7 +862,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             sent_s=f"{record['sent_per_s']:.0f}")
         if evaluate_now and rank == 0:                  # rank 0 evaluates; last/, best/ if the best
-            dev = {"step": step, **dev_figures(encode, args.sts_dir)}
+            dev = {"step": step, **dev_figures(encode, args.sts_dir, f"step {step}, evaluating")}
             best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
             dev["best_stsb_dev"] = best
             run.write(dev)
@@ -858,18 +889,29 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
 
 def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[PaperRow]) -> dict:
     """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
-    uniformity, print them beside the paper's rows that the flags select, and keep all of it
-    (with the pooler: tools/compare.py labels the run with it) in best/test_metrics.json."""
+    uniformity (with --eval_untrained, the untrained --model too, read off with the same pooler),
+    print them beside the paper's rows that the flags select, keep all of it (with the pooler:
+    tools/compare.py labels the run with it) in best/test_metrics.json; then say what to run next."""
     if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
         raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
                         f"another --output_dir.")
-    encode = saved_encoder(best_dir, pooler)
-    res = evaluate_sts(encode, args.sts_dir)
-    res.update(alignment_uniformity(encode, args.sts_dir))
+    res = final_figures(saved_encoder(best_dir, pooler), args.sts_dir, "final evaluation of best/")
+    untrained = None
+    if args.eval_untrained:
+        # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
+        # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
+        # random draw, a seed's rather than the encoder's
+        name = Path(args.model).name or args.model
+        label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
+        untrained = {"label": label, "model": args.model, "pooler": pooler,
+                     **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
     picked, note = select_rows(args, list(paper_rows))
     dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
-    print(paper_report(res, picked, note, dev))
+    print(paper_report(res, picked, note, dev, untrained))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
+    if untrained:
+        kept["untrained"] = untrained
     write_json(best_dir / "test_metrics.json", kept)
+    print(process.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
     return res

@@ -33,7 +33,7 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
 
 # Flags that say where and how a run is written and shown, not what it trains: --resume may
 # change them, the default run folder's name leaves them out, compare.py ignores them
-NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile")
+NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile", "eval_untrained")
 # Flags no paper row depends on: the budget and the data, so that a short run, or one on other
 # sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
 ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")

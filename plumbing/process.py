@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,10 +39,40 @@ def barrier() -> None:
         dist.barrier()
 
 
-def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0):
-    """The progress bar of every long loop (tokenising, downloading, training, translating)."""
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable,
-                dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0,
+             leave: bool = True, delay: float = 0.0):
+    """The progress bar of every long loop (tokenising, downloading, training, translating,
+    evaluating), on stderr: the screen's, never the results' (stdout). A count of bytes (unit
+    "B") reads as kB, MB, GB. `leave=False`: erased when done; `delay`: drawn only once the loop
+    has run that many seconds."""
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
+                delay=delay, unit_scale=unit == "B", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+
+
+# the bars of the evaluations running now (innermost last): make_encode's batches move the last on
+_evaluating: list = []
+# seconds an evaluation runs before its bar is drawn: a short one (a tiny model, a test) draws none
+EVAL_DELAY = 1.0
+
+
+@contextlib.contextmanager
+def evaluating(desc: str, total: int):
+    """A bar over the `total` sentences an evaluation encodes: rank 0 only, drawn after EVAL_DELAY
+    seconds and erased when done (the figures are printed after it); encoded(n) moves it on.
+    The caller labels it (set_description(refresh=False): a refresh would draw it at once)."""
+    bar = progress(total, desc, "sent", disable=world()[0] != 0, leave=False, delay=EVAL_DELAY)
+    _evaluating.append(bar)
+    try:
+        yield bar
+    finally:
+        _evaluating.remove(bar)
+        bar.close()
+
+
+def encoded(n: int) -> None:
+    """`n` more sentences encoded: the bar of the evaluation running now, if any, moves on."""
+    if _evaluating:
+        _evaluating[-1].update(n)
 
 
 class Screen:
@@ -129,6 +161,38 @@ def recorded() -> Path | None:
     """The run folder this command recorded, once its record (args.json) is there: the folder
     --resume accepts. None before (--resume would be refused: the same command starts the run)."""
     return recorded_run if recorded_run is not None and (recorded_run / "args.json").is_file() else None
+
+
+def tool(name: str) -> str:
+    """A tool's path as typed from the working folder: tools/compare.py in the repository, else
+    the whole path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / name
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+def what_next(best: Path, model: str, pooler: str, sts_dir: str) -> str:
+    """The end of a run: where its best model is, and the commands to run next, as typed from the
+    working folder: the run beside the untrained encoder, best/ evaluated again, best/ loaded."""
+    q = shlex.quote
+    sts = "" if Path(sts_dir) == Path("data/sts") else f" --sts_dir {q(sts_dir)}"
+    # Python inside the shell's single quotes: its strings in double quotes
+    folder, pair = json.dumps(str(best)), '["A man is playing a guitar.", "Someone plays music."]'
+    if (best / "modules.json").is_file():          # written for the poolers sentence-transformers has
+        load = (f"from sentence_transformers import SentenceTransformer; m = SentenceTransformer({folder}); "
+                f"e = m.encode({pair}); print(m.similarity(e[:1], e[1:]))")
+        how = "in sentence-transformers: the cosine of two sentences"
+    else:
+        load = (f"from transformers import AutoModel, AutoTokenizer; t = AutoTokenizer.from_pretrained("
+                f"{folder}); m = AutoModel.from_pretrained({folder}); print(m(**t({pair}, padding=True, "
+                f'return_tensors="pt"), output_hidden_states=True).hidden_states[-1].shape)')
+        how = f"in transformers: sentence-transformers has no {pooler} pooling (common.pool has)"
+    return "\n".join([
+        f"best model: {best} (the figures above: its test_metrics.json); next:",
+        f"  python {tool('compare.py')} {q(str(best.parent))} --baseline {q(model)} --pooler {pooler}{sts}"
+        f"   # beside the untrained encoder",
+        f"  python {tool('eval.py')} --model {q(str(best))} --pooler {pooler}{sts}   # the 7 tasks again",
+        f"  python -c {q(load)}   # {how}"])
 
 
 def next_command() -> str:

@@ -847,5 +847,5 @@ def test_first_run_translates_keeps_the_file_trains_and_later_runs_reuse_it(
     (mt / "model.safetensors").unlink()                            # unloadable from now on
     ifcl.main(flags + ["--output_dir", str(tmp_path / "run2")])
     assert german.stat().st_mtime_ns == mtime
-    assert "translat" not in capsys.readouterr().err
+    assert "translat" not in capsys.readouterr().err.replace(str(tmp_path), "")   # the test's name is in it
     assert (tmp_path / "run2" / "best").is_dir()

@@ -10,10 +10,10 @@ puts each run) stands for every run folder under it.
 
 Runs whose args.json agree on everything but --seed and the flags that say where and how a
 run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
---sts_dir, --cache_dir, --compile) form one row: mean ± sample std over its n seeds; a run that
-differs only in where its STS data lives, or in whether its step was compiled, is one more seed
-of the same row. A row is labelled with the script that made it (run.json), the flags that
-tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+--sts_dir, --cache_dir, --compile, --eval_untrained) form one row: mean ± sample std over its n
+seeds; a run that differs only in where its STS data lives, or in whether its step was compiled,
+is one more seed of the same row. A row is labelled with the script that made it (run.json), the
+flags that tell it apart from the other rows, and in brackets the pooler of its final evaluation.
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
 
@@ -499,12 +499,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.baseline:   # the untrained encoder, evaluated as `python tools/eval.py` does
         tasks = table["tasks"] if table else None
         encode = common.saved_encoder(args.baseline, args.pooler, args.batch_size)
-        res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test")
         label = f"{Path(args.baseline).name or args.baseline} untrained [{args.pooler}]"
+        res = common.evaluate_sts(encode, args.sts_dir, tasks=tasks, split="test", desc=label)
         table = compare_table(groups, (label, res))
         if args.plot:   # where the runs evaluated with its pooler start in Fig. 2
             start = {"label": label, "pooler": args.pooler,
-                     **common.alignment_uniformity(encode, args.sts_dir)}
+                     **common.alignment_uniformity(encode, args.sts_dir, desc=label)}
             print(f"{label}: alignment {start['alignment']:.3f} / uniformity {start['uniformity']:.3f} "
                   f"on STS-B test (the star in the second panel)", file=sys.stderr)
     mechanism = mechanism_rows(groups)

@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
                         f"have a dev split. Pass --tasks among those, or --split test.")
     check_sts_dir(args.sts_dir)                  # before the encoder loads
     t = time.perf_counter()
+    name = f"{Path(args.model).name or args.model} [{args.pooler}]"
     res = common.evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split,
-                                  args.batch_size)
-    print(common.format_sts_table(res, name=f"{Path(args.model).name or args.model} [{args.pooler}]"))
+                                  args.batch_size, desc=name)       # a bar on stderr, task by task
+    print(common.format_sts_table(res, name=name))
     print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f} s)", file=sys.stderr)
     if args.output:
         write_text_atomic(args.output, json.dumps(res, indent=2))
