@@ -348,7 +348,7 @@ def train_entropy_model(args: Args, phi: float, stage: Stage, data: dict, device
         at_start["entropy_start"] = probe_entropy(model, data, args, device)
         if common.world()[0] == 0:
             dev = common.evaluate_sts(common.make_encode(encoder, tokenizer, args.pooler),
-                                      args.sts_dir, split="dev")
+                                      args.sts_dir, split="dev", desc="the entropy models' start")
             at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
     # a stop is evaluated and checkpointed at its step: last/ and last_dev are of the weights at the stop
     res = common.train(dataclasses.replace(args, output_dir=str(stage.path)), model, data, tokenizer,
