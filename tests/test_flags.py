@@ -48,7 +48,7 @@ SHARED = [
     (["--data", "{tmp}/latin1.txt"], r"--data .*latin1\.txt: line 2 is not UTF-8.*iconv"),
     (["--data", "{tmp}"], r"--data .*: is a folder, not a file\. Pass a "),
     (["--output_dir", "{tmp}/afile"], r"--output_dir .*afile: is a file; it must be a folder"),
-    (["--model", "{tmp}/no-model"], r"--model .*no-model: could not load it"),
+    (["--model", "{tmp}/no-model"], r"--model .*no-model: no such folder\. Pass the folder of a saved model"),
 ]
 EVAL_EVERY = (["--eval_every", "0"], r"--eval_every 0: must be >= 1")
 OWN = {
