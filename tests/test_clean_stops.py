@@ -1,5 +1,6 @@
-"""What a stop leaves on the screen: after Ctrl-C the last line is the one that says what to run
-next, no progress bar drawn or left stale under it."""
+"""What a stop or a failure leaves: after Ctrl-C the last line on the screen is the one that says
+what to run next, no progress bar drawn or left stale under it; a failed download leaves no
+empty folder it made."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import io
 import os
 import re
 import signal
+import socket
 import sys
 
 import pytest
 import tqdm.std
 
+import common
 from conftest import Held
-from plumbing import command_line, process
+from plumbing import command_line, downloads, process
 
 
 def screen(stream: str, width: int = 200) -> list[str]:
@@ -98,3 +101,32 @@ def test_ctrl_c_in_a_real_run_ends_the_screen_with_the_line_that_says_what_next(
         "--resume" in shown[-1], shown[-6:]
     assert shown[-3].startswith("simcse:") and "2/20" in shown[-3] and shown[-2] == "", shown[-6:]
     assert not any("evaluating" in line for line in shown), shown[-6:]
+
+
+# -------------------------------------------------------------------------------------
+# A failed download
+# -------------------------------------------------------------------------------------
+
+def closed_address() -> str:
+    with socket.socket() as s:                       # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("what", ["wiki1m", "nli", "sts"])
+def test_a_failed_download_leaves_no_folder_it_made(what, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(common.UserError, match="could not download"):
+        downloads.download("fresh/data", common.check_sts, closed_address(), what=[what])
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "data").mkdir()                      # a folder that was there stays, and what it holds
+    (tmp_path / "data" / "mine.txt").write_text("kept\n")
+    with pytest.raises(common.UserError, match="could not download"):
+        downloads.download("data", common.check_sts, closed_address(), what=[what])
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["mine.txt"]
+
+
+def test_the_free_space_named_is_where_the_download_goes(tmp_path):
+    """The STS archive is fetched into a temporary folder, gone once it fails: not the one named."""
+    with pytest.raises(common.UserError, match=rf"the free disk space in {tmp_path / 'data'}, or fetch"):
+        downloads.download(tmp_path / "data", common.check_sts, closed_address(), what=["sts"])
