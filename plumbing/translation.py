@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from plumbing import downloads, inputs
-from plumbing.atomic_writes import write_text_atomic
+from plumbing.atomic_writes import no_follow, write_text_atomic
 from plumbing.flags import arg, parse_args
 from plumbing.inputs import count_lines, default_cache_dir, read_sentences
 from plumbing.process import UserError, progress, world
@@ -179,6 +180,11 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     src = read_sentences(args.data, "--data")
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
+    for own in (part, meta):        # files of this translation's own: nothing is written through a link
+        if os.path.lexists(own) and not stat.S_ISREG(os.lstat(own).st_mode):
+            what = f"a symbolic link (to {os.readlink(own)})" if own.is_symlink() else "not a regular file"
+            raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
+                            f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
         k = count_lines(out)
         if k == len(src):
@@ -197,9 +203,9 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             raise UserError(f"{part} is an unfinished translation of other input or settings "
                             f"({meta} says {old}). Delete both files to start afresh, or rerun "
                             f"with the earlier flags.")
-        raw = part.read_bytes()
-        keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
-        with open(part, "r+b") as f:
+        with open(part, "r+b", opener=no_follow) as f:
+            raw = f.read()
+            keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
             f.truncate(len(keep))
         done = keep.count(b"\n")
         print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
@@ -213,7 +219,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
-            part.write_bytes(b"")
+            open(part, "xb", opener=no_follow).close()
         prefix = args.prefix
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
         if prefix == "auto":
@@ -222,7 +228,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
         bar = progress(total=len(src), desc="translating", unit="sent", initial=done)
         empty, t0 = 0, time.perf_counter()
-        with open(part, "a", encoding="utf-8") as f:
+        with open(part, "a", encoding="utf-8", opener=no_follow) as f:
             # Chunks start at multiples of --chunk_size of the input, each sorted by length
             # inside and appended whole, in the input's order. A chunk cut by a kill is
             # translated again whole (the same batches, so the same lines), and only its lines

@@ -1,6 +1,6 @@
 """What a stop or a failure leaves: after Ctrl-C the last line on the screen is the one that says
 what to run next, no progress bar drawn or left stale under it; a failed download leaves no
-empty folder it made."""
+empty folder it made; a translation's .part file is never written through a link."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import tqdm.std
 import common
 from conftest import Held
 from plumbing import command_line, downloads, process
+from tools import translate
 
 
 def screen(stream: str, width: int = 200) -> list[str]:
@@ -104,7 +105,7 @@ def test_ctrl_c_in_a_real_run_ends_the_screen_with_the_line_that_says_what_next(
 
 
 # -------------------------------------------------------------------------------------
-# A failed download
+# A failed download, a link where a translation writes
 # -------------------------------------------------------------------------------------
 
 def closed_address() -> str:
@@ -130,3 +131,16 @@ def test_the_free_space_named_is_where_the_download_goes(tmp_path):
     """The STS archive is fetched into a temporary folder, gone once it fails: not the one named."""
     with pytest.raises(common.UserError, match=rf"the free disk space in {tmp_path / 'data'}, or fetch"):
         downloads.download(tmp_path / "data", common.check_sts, closed_address(), what=["sts"])
+
+
+@pytest.mark.parametrize("which", [".part", ".part.json"])
+def test_a_link_where_the_translation_writes_is_refused_not_written_through(which, tmp_path, parallel,
+                                                                             tiny_mt):
+    out = tmp_path / "de.txt"
+    elsewhere = tmp_path / "elsewhere.txt"            # not there yet: a link to it would create it
+    (tmp_path / f"de.txt{which}").symlink_to(elsewhere)
+    with pytest.raises(common.UserError, match=rf"^{tmp_path / 'de.txt'}{re.escape(which)} is a symbolic "
+                                               rf"link \(to {elsewhere}\): a translation writes only into "
+                                               rf"files of its own, never through a link\. Remove it"):
+        translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--out", str(out)])
+    assert not elsewhere.exists() and not out.exists()
