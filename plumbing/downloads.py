@@ -3,11 +3,12 @@ addresses the official repository downloads from, on first use or by `python too
 No checksum of them could be verified, so each file is proven whole by its content before it is
 kept (wiki1m by its line count, the NLI file by its header and cells, the STS data by SentEval's
 kept pair counts), written under a temporary name and renamed only once whole. A failed file
-leaves nothing behind: the next try fetches it from the start (a download does not continue
-where one stopped), and skips the files already complete."""
+leaves nothing behind, not even the folder it made for it: the next try fetches it from the start
+(a download does not continue where one stopped), and skips the files already complete."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -31,14 +32,16 @@ NOT_KEPT = ("It was not kept: the next try fetches it again from the start. If t
             "fetch from a mirror with `python tools/download.py --base_url URL`.")
 
 
-def fetch(url: str, dest: Path) -> None:
-    """Stream `url` into `dest` with a progress bar; a failure names the address and what to check.
-    A connection closed early is a failure too (urllib returns the bytes it got as if complete)."""
+def fetch(url: str, dest: Path, room: Path | None = None) -> None:
+    """Stream `url` into `dest` with a progress bar; a failure names the address and what to check
+    (the free space of `room`, by default dest's folder). A connection closed early is a failure
+    too (urllib returns the bytes it got as if complete)."""
     def failed(why: str) -> UserError:
-        return UserError(f"could not download {url}: {why}. Check the network (a proxy or a firewall may "
-                         f"block the address) and the free disk space in {dest.parent}, or fetch from a "
-                         f"mirror with `python tools/download.py --base_url URL`. Nothing of it was kept: "
-                         f"the next try fetches it from the start, and skips the files already complete.")
+        return UserError(f"could not download {url}: {why}. Check the network (a proxy or a firewall "
+                         f"may block the address) and the free disk space in {room or dest.parent}, or "
+                         f"fetch from a mirror with `python tools/download.py --base_url URL`. Nothing of "
+                         f"it was kept: the next try fetches it from the start, and skips the files "
+                         f"already complete.")
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
             size = int(r.headers.get("Content-Length") or 0) or None
@@ -87,15 +90,30 @@ def download_file(dest: Path, name: str, base_url: str = UPSTREAM, wiki1m_lines:
     if final.exists():
         print(f"{final}: present, not fetched again", file=sys.stderr)
         return final
+    with folder_for(dest):
+        try:
+            fetch(f"{base_url.rstrip('/')}/{name}", part)
+            check_download(part, name, wiki1m_lines)
+        except BaseException:           # a cut connection, a full disk, a bad file, Ctrl-C
+            part.unlink(missing_ok=True)
+            raise
+        os.replace(part, final)
+    return final
+
+
+@contextlib.contextmanager
+def folder_for(dest: Path):
+    """`dest` made (with its parents) for a download; if the download fails, the folders it made
+    are removed again while empty: a failed first download leaves no empty data/ behind."""
+    made = [p for p in [dest, *dest.parents] if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        fetch(f"{base_url.rstrip('/')}/{name}", part)
-        check_download(part, name, wiki1m_lines)
-    except BaseException:               # a cut connection, a full disk, a bad file, Ctrl-C
-        part.unlink(missing_ok=True)
+        yield dest
+    except BaseException:
+        for p in made:                  # the deepest first; one that holds anything stays
+            with contextlib.suppress(OSError):
+                p.rmdir()
         raise
-    os.replace(part, final)
-    return final
 
 
 def download_sts(dest: Path, check_sts: Callable[[Path], None], base_url: str = UPSTREAM) -> Path:
@@ -106,10 +124,9 @@ def download_sts(dest: Path, check_sts: Callable[[Path], None], base_url: str = 
     if is_sts_dir(final):
         print(f"{final}: present, not fetched again", file=sys.stderr)
         return final
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
+    with folder_for(dest), tempfile.TemporaryDirectory(dir=dest, prefix=".sts-") as tmp:
         tmp = Path(tmp)
-        fetch(f"{base_url.rstrip('/')}/{SENTEVAL}", tmp / SENTEVAL)
+        fetch(f"{base_url.rstrip('/')}/{SENTEVAL}", tmp / SENTEVAL, room=dest)  # tmp goes on failure
         try:
             with tarfile.open(tmp / SENTEVAL) as tf:
                 tf.extractall(tmp / "x", filter="data")

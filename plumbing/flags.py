@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
+import os
+import re
 import sys
 import typing
 from dataclasses import field
@@ -49,16 +52,20 @@ RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b
 
 
 def check_ranges(args: Any) -> None:
-    """Every field in the range its arg() declares, else a UserError: flag, value, rule, note, default."""
+    """Every number finite (argparse reads inf and nan as floats) and every field in the range its
+    arg() declares, else a UserError: flag, value, rule, note, default."""
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
+        default = field_default(f)
+        default = " ".join(map(str, default)) if isinstance(default, list) else default
         for x in value if isinstance(value, list) else [value]:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
+                                f"--{f.name} {default}.")
             for k, bound in f.metadata.get("range", {}).items():
                 word, ok = RANGE_WORDS[k]
                 if ok(x, bound):
                     continue
-                default = field_default(f)
-                default = " ".join(map(str, default)) if isinstance(default, list) else default
                 note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
                 raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
                                 f"range, e.g. the default --{f.name} {default}.")
@@ -105,10 +112,84 @@ def default_output_dir(args: Any) -> str:
     return str(Path("runs") / script_name(args) / (name or "default"))
 
 
-def build_parser(cls: type, description: str | None = None, prog: str | None = None):
+class Parser(argparse.ArgumentParser):
+    """argparse as every command reads its flags: a flag is never taken for another by its prefix
+    (`--max_step 5` is not --max_steps), and a mistake is answered in one line, a UserError (exit
+    status 2 under run_main) that names the closest flag or value, not in usage lines. --help is
+    argparse's own."""
+
+    def __init__(self, *a, command: str = "", defaults: dict[str, Any] | None = None, **kw):
+        super().__init__(*a, allow_abbrev=False, **kw)
+        self.command = command or self.prog          # as a user types it: python simcse.py
+        self.defaults = defaults or {}               # --flag: its default, for the examples
+
+    def parse_args(self, args=None, namespace=None):
+        given, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            raise UserError(self.unknown(unknown))
+        return given
+
+    def flags(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o != "-h"]
+
+    def closest(self, word: str, among: list[str]) -> list[str]:
+        """The names in `among` that `word` most likely meant: the one it spells with - for _ (or _
+        for -), else those it begins, else up to two look-alikes."""
+        same = [o for o in among if o.replace("-", "_") == word.replace("-", "_")]
+        begun = [o for o in among if o.startswith(word)]
+        return same or begun[:3] or difflib.get_close_matches(word, among, n=2, cutoff=0.75)
+
+    def unknown(self, words: list[str]) -> str:
+        """One line for what argparse could not place: flags it does not know (each with the
+        closest ones), or values that no flag takes."""
+        flags = [w.split("=")[0] for w in words if w.startswith("-") and not _number(w)]
+        if not flags:
+            return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
+                    f"none). `{self.command} --help` lists every flag.")
+        said = []
+        for flag in flags:
+            near = self.closest(flag, self.flags())
+            said.append(f"{flag}: no such flag" + (f"; did you mean {' or '.join(near)}?" if near else "."))
+        return f"{' '.join(said)} `{self.command} --help` lists every flag."
+
+    def error(self, message: str):
+        """argparse's refusal of a value (a choice, a number), as one line."""
+        m = re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)
+        if m is None:
+            raise UserError(f"{message}. `{self.command} --help` lists every flag.")
+        flag, what = m[1].split("/")[0], m[2]
+        default = self.defaults.get(flag, "")
+        example = f", e.g. {flag_text(flag[2:], default)} (the default)" if default not in ("", []) else ""
+        action = next((a for a in self._actions if flag in a.option_strings), None)
+        choice = re.match(r"invalid choice: (['\"])(.*?)\1( |$)", what)
+        if action is not None and action.choices and choice:
+            choices = [str(c) for c in action.choices]
+            near = self.closest(choice[2], choices)
+            raise UserError(f"{flag} {choice[2]}: not one of {', '.join(choices)}"
+                            + (f"; did you mean {flag} {' or '.join(near)}?" if near else "."))
+        kind = re.match(r"invalid (\w+) value: (['\"])(.*)\2", what)
+        if kind:
+            word = {"int": "a whole number", "float": "a number"}.get(kind[1], f"a {kind[1]}")
+            raise UserError(f"{flag} {kind[3]}: not {word}. Pass {word}{example}.")
+        raise UserError(f"{flag}: {what}{example}. `{self.command} --help` says what each flag takes.")
+
+
+def _number(word: str) -> bool:
+    """Whether `word` reads as a number (-5, -1e-3): a value, not a flag."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
     """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
-    parser = argparse.ArgumentParser(description=description, prog=prog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    script = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    command = prog or (f"python {Path(script).name}" if script else "")
+    defaults = {f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)}
+    parser = Parser(description=description, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    command=command, defaults=defaults)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         is_list = typing.get_origin(hints[f.name]) is list
@@ -134,11 +215,16 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
 def parse_args(cls: type, argv: list[str] | None = None, description: str | None = None,
                prog: str | None = None) -> Any:
     """The one way every command reads its flags: argparse from `cls`, each range checked; the
-    flags not given take the defaults of their kind of --data (defaults_of: a CSV's own). A
-    training script's files and rules are checked by common.start (TrainArgs.check)."""
+    flags not given take the defaults of their kind of --data (defaults_of: a CSV's own, said in
+    a note). A training script's files and rules are checked by common.start (TrainArgs.check)."""
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
+    took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "csv_defaults", {})
+            if k not in given and str(getattr(args, "data", "")).lower().endswith(".csv")]
+    if took and int(os.environ.get("RANK", "0")) == 0:     # once under torchrun
+        print(f"note: --data {args.data} is a CSV, so these flags take the CSV's defaults: {' '.join(took)} "
+              f"(a flag given on the command line wins)", file=sys.stderr)
     return args
 
 

@@ -1,19 +1,23 @@
 """What a run is given, read and checked before anything is written: the training file (one
 sentence a line, or SimCSE's CSV), each error naming the flag and the file; the token cache
-beside the data, trusted only when it is whole and its own; the encoder's config and positions; a
-model folder's files; the STS folder's layout."""
+beside the data, trusted only when it is whole and its own; where a model comes from (a folder,
+the Hugging Face cache, the hub) and the encoder's config and positions; a model folder's files;
+the STS folder's layout."""
 
 from __future__ import annotations
 
 import codecs
 import csv
+import difflib
 import functools
 import hashlib
 import io
 import json
 import os
+import socket
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -185,16 +189,150 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
 
 
+# -------------------------------------------------------------------------------------
+# Where a model comes from: a folder here, or a hub name in the local cache or on the hub
+# -------------------------------------------------------------------------------------
+
+HUB_WAIT_S = 3.0    # how long the hub may take to answer before it counts as unreachable
+
+
+def hub_problem() -> str | None:
+    """Why the Hugging Face hub is not asked, in a few words, or None when it answers: offline
+    mode (HF_HUB_OFFLINE=1), or no answer within HUB_WAIT_S to one request to its address (HF_ENDPOINT,
+    else https://huggingface.co). Without this, transformers retries each file for about 25 s."""
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1 is set"
+    return _ask_hub(constants.ENDPOINT)
+
+
+@functools.lru_cache(maxsize=4)
+def _ask_hub(endpoint: str) -> str | None:
+    """hub_problem's request, once a process: through the hub library's own client (its proxy
+    settings and certificates), any answer at all counting as reachable."""
+    from huggingface_hub.utils import get_session
+    host = urllib.parse.urlsplit(endpoint).netloc or endpoint
+    try:
+        get_session().head(endpoint, timeout=HUB_WAIT_S)
+    except Exception as e:          # the client's own errors (httpx's or requests'), raised from an OSError
+        return _network_words(e, host)
+    return None
+
+
+def _network_words(e: BaseException, host: str) -> str:
+    """What a failed connection to `host` says, in a few words: the OSError beneath the client's error."""
+    chain = []
+    while e is not None and e not in chain and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for x in chain:
+        if isinstance(x, socket.gaierror):
+            return f"{host} does not resolve: no network, or no DNS"
+        if isinstance(x, ConnectionRefusedError):
+            return f"{host} refused the connection"
+        if isinstance(x, TimeoutError) or "Timeout" in type(x).__name__:
+            return f"{host} did not answer within {HUB_WAIT_S:g} s"
+    told = next((x.strerror for x in chain if isinstance(x, OSError) and x.strerror), None)
+    return f"{host}: {told or str(chain[0]).splitlines()[0][:100] or type(chain[0]).__name__}"
+
+
+def _cached(name: str) -> bool:
+    """Whether hub model `name` is in the local Hugging Face cache (its config.json, as loading
+    it last left it)."""
+    from huggingface_hub import try_to_load_from_cache
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _cached_like(name: str) -> list[str]:
+    """The models in the local Hugging Face cache whose names look like `name` (a typo's likely aim)."""
+    from huggingface_hub import constants
+    try:
+        names = [d.name[len("models--"):].replace("--", "/") for d in Path(constants.HF_HUB_CACHE).iterdir()
+                 if d.name.startswith("models--")]
+    except OSError:
+        return []
+    return difflib.get_close_matches(name, names, n=2, cutoff=0.75)
+
+
+def _folders_like(path: Path) -> str:
+    """What is near a folder that is not there, for its error: the folders beside it whose names
+    look like its own, or the first of its parents that is not there either."""
+    if not path.parent.is_dir():
+        missing = path.parent
+        while not missing.parent.is_dir():
+            missing = missing.parent
+        return f" (there is no folder {missing} either)"
+    try:
+        beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    except OSError:
+        return ""
+    near = difflib.get_close_matches(path.name, beside, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(str(path.parent / n) for n in near)}?)" if near else ""
+
+
+def _is_hub_name(name: str) -> bool:
+    """Whether `name` can be a hub name (owner/model or model), not only a path (./x, /x, a/b/c, x/)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def where_from(name: str, flag: str = "--model", instead: str = "") -> dict[str, bool]:
+    """Where `name` loads from, as from_pretrained keywords; every path that loads a model by name
+    asks this first, before anything is written. A folder here: {} (read where it is). A hub name
+    with the hub answering: {} (transformers fetches it, or checks its cache). A hub name in the
+    local Hugging Face cache with the hub unreachable or offline: {"local_files_only": True}, read
+    from the cache with no network retries. Else a UserError within HUB_WAIT_S, one line: a path
+    that is no folder (with the names beside it), or a hub name neither cached nor reachable (why,
+    and what to do); `instead` ends it with one more way out."""
+    path = Path(name)
+    if path.is_dir():
+        return {}
+    if path.exists():
+        raise UserError(f"{flag} {name}: is a file; pass the folder of a saved model (config.json, its "
+                        f"weights and tokenizer), or a hub name.{instead}")
+    # a path typed by hand (./x, ../x, /x, x/, a/b/c) cannot be a hub name: a folder that is not there
+    if not _is_hub_name(name):
+        raise UserError(f"{flag} {name}: no such folder{_folders_like(path)}. Pass the folder of a saved "
+                        f"model (config.json, its weights and tokenizer), or a hub name.{instead}")
+    why = hub_problem()
+    if why is None:
+        return {}
+    if _cached(name):
+        return {"local_files_only": True}
+    # models/x with models/ here: a folder mistyped, more likely than a hub name
+    beside = path.parent != Path(".") and path.parent.is_dir()
+    like = _cached_like(name)
+    nowhere = (f"{flag} {name}: neither a folder here{_folders_like(path) if beside else ''} nor in the "
+               f"local Hugging Face cache" + (f" (which holds {' and '.join(like)})" if like else ""))
+    hub = "HF_HUB_OFFLINE=1 keeps the hub from being asked" if why.startswith("HF_HUB_OFFLINE") else \
+        f"the hub cannot be reached ({why})"
+    local = f"models/{path.name}"
+    fetch = f"made where the hub is reachable: `hf download {name} --local-dir {local}`, then {flag} {local}"
+    if beside:
+        todo = "Pass the folder of a saved model (config.json, its weights and tokenizer), or a hub name."
+    elif why.startswith("HF_HUB_OFFLINE"):
+        todo = f"Unset HF_HUB_OFFLINE to download it, or pass a local folder {fetch}."
+    else:
+        todo = (f"Connect, or pass a local folder {fetch}. With HF_HUB_OFFLINE=1 every hub lookup uses the "
+                f"cache at once.")
+    raise UserError(f"{nowhere}, and {hub}. {todo}{instead}")
+
+
 def not_loaded(flag: str, name: str, e: Exception) -> UserError:
     return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
                      f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
 
 
 def encoder_config(name: str, flag: str = "--model"):
-    """The config of a hub name or a local folder, no weights loaded."""
+    """The config of a hub name or a local folder, no weights loaded (where_from checked first)."""
     from transformers import AutoConfig
+    where = where_from(name, flag)
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, **where)
     except (OSError, ValueError) as e:
         raise not_loaded(flag, name, e)
 

@@ -97,8 +97,12 @@ class Screen:
 
 def close_bars() -> None:
     """Close the progress bars still drawn (a bar ends in no newline): a closing line then starts
-    a line of its own instead of being glued to the bar's end."""
-    for bar in list(getattr(tqdm, "_instances", ())):
+    a line of its own instead of being glued to the bar's end, and no bar is drawn after it. A bar
+    drawn below another (an evaluation's under training's) is closed first and wiped: closed after
+    the bar above it, it would stay on the screen, stale, under the closing line."""
+    for bar in sorted(getattr(tqdm, "_instances", ()), key=lambda b: -abs(getattr(b, "pos", 0))):
+        if getattr(bar, "pos", 0):
+            bar.leave = False
         bar.close()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
-from plumbing import downloads
-from plumbing.atomic_writes import write_text_atomic
+from plumbing import downloads, inputs
+from plumbing.atomic_writes import no_follow, write_text_atomic
 from plumbing.flags import arg, parse_args
 from plumbing.inputs import count_lines, default_cache_dir, read_sentences
 from plumbing.process import UserError, progress, world
@@ -91,21 +92,27 @@ def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Pat
     return default_cache_dir(data, "") / name
 
 
+# what an --mt_model that cannot be had leaves open: the German file made on another machine
+ELSEWHERE = (" Translating --data needs it once (the German file is kept and reused); the file can be "
+             "made on another machine: `python tools/translate.py --data DATA --out FILE`, then "
+             "--fraternal_data FILE.")
+
+
 def mt_model_error(name: str, e: Exception) -> UserError:
     return UserError(f"--mt_model {name}: could not load it as a seq2seq model "
-                     f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Translating --data "
-                     f"into German needs it once (the file is kept and reused): give a hub name with "
-                     f"the hub reachable, or a local folder. Or make the German file elsewhere with "
-                     f"`python tools/translate.py --data DATA --out FILE` and pass --fraternal_data FILE.")
+                     f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Give a hub name with "
+                     f"the hub reachable, or a local folder.{ELSEWHERE}")
 
 
 def check_mt_model(name: str) -> None:
-    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
-    possibly a download of a gigabyte, are loaded by the rank that translates)."""
+    """Before anything is written: the model can be had (a folder, the cache or the hub: where_from)
+    and its config loads and is a seq2seq one (the weights, possibly a download of a gigabyte, are
+    loaded by the rank that translates)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        config = AutoConfig.from_pretrained(name)
+        config = AutoConfig.from_pretrained(name, **where)
     except (OSError, ValueError) as e:
         raise mt_model_error(name, e)
     if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -117,10 +124,11 @@ def load_mt_model(name: str, device: torch.device):
     """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
     NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = AutoTokenizer.from_pretrained(name, **where)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
+        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype, **where).to(device).eval()
     except (OSError, ValueError) as e:
         raise mt_model_error(name, e)
     return tok, model
@@ -172,6 +180,11 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     src = read_sentences(args.data, "--data")
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
+    for own in (part, meta):        # files of this translation's own: nothing is written through a link
+        if os.path.lexists(own) and not stat.S_ISREG(os.lstat(own).st_mode):
+            what = f"a symbolic link (to {os.readlink(own)})" if own.is_symlink() else "not a regular file"
+            raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
+                            f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
         k = count_lines(out)
         if k == len(src):
@@ -190,9 +203,9 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             raise UserError(f"{part} is an unfinished translation of other input or settings "
                             f"({meta} says {old}). Delete both files to start afresh, or rerun "
                             f"with the earlier flags.")
-        raw = part.read_bytes()
-        keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
-        with open(part, "r+b") as f:
+        with open(part, "r+b", opener=no_follow) as f:
+            raw = f.read()
+            keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
             f.truncate(len(keep))
         done = keep.count(b"\n")
         print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
@@ -206,7 +219,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
-            part.write_bytes(b"")
+            open(part, "xb", opener=no_follow).close()
         prefix = args.prefix
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
         if prefix == "auto":
@@ -215,7 +228,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
         bar = progress(total=len(src), desc="translating", unit="sent", initial=done)
         empty, t0 = 0, time.perf_counter()
-        with open(part, "a", encoding="utf-8") as f:
+        with open(part, "a", encoding="utf-8", opener=no_follow) as f:
             # Chunks start at multiples of --chunk_size of the input, each sorted by length
             # inside and appended whole, in the input's order. A chunk cut by a kill is
             # translated again whole (the same batches, so the same lines), and only its lines
@@ -346,7 +359,9 @@ def fraternal_file(args: Any) -> FraternalFile:
     downloads): a missing one is named as --data. --fraternal_data left out becomes the file made
     from --data (default_fraternal_path; args.json records it). A file of the user's must exist
     and be parallel to --data; one that this run is to make needs a loadable --mt_model, and rank 0
-    removes an earlier launch's failure marker before the ranks meet in common.start."""
+    removes an earlier launch's failure marker before the ranks meet in common.start. Last, the
+    --fraternal_model that the run loads after the translation is one that can be had (a folder,
+    the cache, the hub: inputs.where_from), said within seconds rather than after hours."""
     if not downloads.fetched_on_first_use(args.data):
         read_sentences(args.data, "--data")       # a missing or unreadable --data, named as such
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
@@ -357,15 +372,17 @@ def fraternal_file(args: Any) -> FraternalFile:
     if german.path.is_file():
         if Path(args.data).is_file():             # parallel to --data, line by line
             german.read(len(read_sentences(args.data, "--data")))
-        return german
-    if not german.made_here:
+    elif not german.made_here:
         raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
                         f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
-    check_mt_model(args.mt_model)                 # the first run: the file will be made
-    if int(os.environ.get("RANK", "0")) == 0:     # an earlier launch's failure goes before the ranks meet
-        failure_marker(german.path).unlink(missing_ok=True)
-    german.to_make = True
+    else:
+        check_mt_model(args.mt_model)             # the first run: the file will be made
+        german.to_make = True
+    inputs.where_from(args.fraternal_model, "--fraternal_model")
+    inputs.check_model_folder(args.fraternal_model, "--fraternal_model")
+    if german.to_make and int(os.environ.get("RANK", "0")) == 0:   # before the ranks meet
+        failure_marker(german.path).unlink(missing_ok=True)        # an earlier launch's failure
     return german
 
 

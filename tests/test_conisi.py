@@ -438,7 +438,7 @@ def test_bn_flag(tiny_model, tiny_bert, corpus, small_sts, tmp_path, cache_dir, 
     _run(tiny_bert, corpus, small_sts, tmp_path / "a", cache_dir)
     _run(tiny_bert, corpus, small_sts, tmp_path / "b", cache_dir, "--bn", "separate")
     assert seen == ["joint", "separate"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="--bn apart: not one of joint, separate"):
         flags.build_parser(conisi.Args).parse_args(["--bn", "apart"])
     with pytest.raises(UserError, match="--bn"):
         tiny_model(bn="apart")

@@ -652,9 +652,10 @@ def test_default_fraternal_path_carries_the_model(tmp_path, tiny_mt, monkeypatch
 
 
 def test_unloadable_mt_model_says_what_to_do_before_anything_is_written(tmp_path, parallel, tiny_bert):
-    for bad in ("no-such-org/no-such-mt", str(tiny_bert)):          # hub unreachable; not seq2seq
-        with pytest.raises(common.UserError, match=r"--mt_model .*could not load it as a seq2seq.*"
-                                                   r"needs it once.*--fraternal_data FILE"):
+    for bad, why in (("no-such-org/no-such-mt", "neither a folder here nor in the local Hugging Face cache"),
+                     (str(tiny_bert), "could not load it as a seq2seq")):   # hub unreachable; not seq2seq
+        with pytest.raises(common.UserError, match=rf"--mt_model .*{why}.*needs it once.*--fraternal_data "
+                                                   rf"FILE"):
             ifcl.main(run_base(tmp_path, parallel, "--mt_model", bad))
         assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
         out = tmp_path / "de.txt"
@@ -676,7 +677,7 @@ def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tin
 
 
 def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt, tiny_bert,
-                                                              small_sts):
+                                                              small_sts, tiny_mbert):
     """Its config loads (the check before start() passes) but its weights are gone: rank 0
     fails while translating, and the launch ends (no rank left waiting) with its message."""
     mt = tmp_path / "mt"
@@ -686,7 +687,8 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
                         *run_base(tmp_path, parallel, "--mt_model", str(mt), "--model", str(tiny_bert),
-                                  "--sts_dir", str(small_sts), "--batch_size", "8")],
+                                  "--sts_dir", str(small_sts), "--batch_size", "8",
+                                  "--fraternal_model", str(tiny_mbert))],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0
     assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
@@ -695,7 +697,7 @@ def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, paralle
     assert not german.exists()
 
 def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
-                                                                          monkeypatch):
+                                                                          tiny_mbert, monkeypatch):
     german = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
     german.parent.mkdir(parents=True)
     stale = translate.failure_marker(german)
@@ -706,12 +708,13 @@ def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_pat
         seen.append(stale.exists())
         raise RuntimeError("stop here")
     monkeypatch.setattr(common, "start", start)
+    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--fraternal_model", str(tiny_mbert))
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(RuntimeError, match="stop here"):
-        ifcl.main(run_base(tmp_path, parallel, "--mt_model", str(tiny_mt)))
+        ifcl.main(argv)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(RuntimeError, match="stop here"):
-        ifcl.main(run_base(tmp_path, parallel, "--mt_model", str(tiny_mt)))
+        ifcl.main(argv)
     assert seen == [True, False]
 
 

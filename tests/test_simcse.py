@@ -325,7 +325,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, tiny_bert, corpus, small_sts, cac
 def test_command_line_errors_exit_2_with_a_message(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "--bogus_flag", "1"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "unrecognized arguments: --bogus_flag" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error: --bogus_flag: no such flag.")
     r = subprocess.run([sys.executable, str(ROOT / "simcse.py"), "--data", str(tmp_path / "nope.txt"),
                         "--output_dir", str(tmp_path / "o"), "--sts_dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)

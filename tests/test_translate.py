@@ -218,7 +218,7 @@ def test_translation_killed_with_sigkill_resumes_from_the_finished_lines(
 
 
 def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, parallel, tiny_mt,
-                                                                   tiny_bert, small_sts):
+                                                                   tiny_bert, small_sts, tiny_mbert):
     """`python ifcl.py` (training) killed during its first-run translation, which comes after
     every flag is checked; `python tools/translate.py` with the same --data, --mt_model and
     --cache_dir finishes the same file."""
@@ -226,7 +226,7 @@ def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, pa
     final = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(cache))
     part = Path(str(final) + ".part")
     argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--model", str(tiny_bert),
-                    "--sts_dir", str(small_sts), "--batch_size", "8")
+                    "--sts_dir", str(small_sts), "--batch_size", "8", "--fraternal_model", str(tiny_mbert))
     err = run_killed(tmp_path, "slow", 0, "ifcl", argv, wait_for=lambda: part.exists())
     assert "translating" in err and not final.exists() and part.exists()
     translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),

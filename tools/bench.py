@@ -27,7 +27,9 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/bench.py` from anywhere
 import common  # noqa: E402
 from common import UserError, arg  # noqa: E402
+from plumbing import inputs  # noqa: E402
 from plumbing.compiled_step import CompiledModel  # noqa: E402
+from plumbing.inputs import check_sts_dir  # noqa: E402
 
 ARCHS = {  # standard architectures, so that no hub access is needed to build a random model
     "bert-base-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12,
@@ -163,6 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(Args, argv, description=__doc__, prog="python tools/bench.py")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = config_from(args.config)
+    tokenizer = args.tokenizer or (args.config if Path(args.config).is_dir() else "")
+    if args.sts_dir:        # the STS timing's data and tokenizer, checked before minutes of timing
+        check_sts_dir(args.sts_dir)
+        where = inputs.where_from(tokenizer, "--tokenizer") if tokenizer else {}
     n = args.batch_size * (args.steps + args.warmup)
     rng = np.random.default_rng(args.seed)
     _, columns, reads = build(args.method, AutoModel.from_config(cfg), cfg, args)   # to learn the columns
@@ -208,15 +214,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"one epoch of 1M sentences at this speed: {1e6 / args.batch_size * fast_ms / 1e3 / 60:.1f} min "
           f"of training time")
     if args.sts_dir:
-        name = args.tokenizer or (args.config if Path(args.config).is_dir() else "")
-        if not name:
+        if not tokenizer:
             print("(STS timing needs a tokenizer: pass --tokenizer)")
             return
         from transformers import AutoTokenizer
         enc = AutoModel.from_config(cfg, attn_implementation="sdpa").to(device)
         t = time.perf_counter()
-        common.evaluate_sts(common.make_encode(enc, AutoTokenizer.from_pretrained(name), "cls_before_pooler"),
-                            args.sts_dir)
+        common.evaluate_sts(common.make_encode(enc, AutoTokenizer.from_pretrained(tokenizer, **where),
+                                               "cls_before_pooler"), args.sts_dir)
         print(f"7 STS tasks evaluated in {time.perf_counter() - t:.1f} s")
 
 

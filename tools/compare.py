@@ -48,6 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/compare.py` from anywhere
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
+from plumbing import inputs  # noqa: E402
+from plumbing.inputs import check_sts_dir  # noqa: E402
 
 # NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
 # common's one list of flags that say where and how a run is written, not what it trains
@@ -476,8 +478,13 @@ def main(argv: list[str] | None = None) -> None:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
         seen.add(Path(f).resolve())
-    # everything is read and checked before anything is written or printed
+    # everything is read and checked before anything is written or printed; the --baseline's
+    # STS data, then whether its encoder can be had (in seconds, offline too), before it loads
     runs = [read_run(f, plot=bool(args.plot)) for f in folders]
+    if args.baseline:
+        check_sts_dir(args.sts_dir)
+        inputs.where_from(args.baseline, "--baseline")
+        inputs.check_model_folder(args.baseline, "--baseline")
     groups = group_runs(runs)
     table = compare_table(groups) if any(g["finished"] for g in groups) else None
     if args.markdown and table is None:

@@ -1,0 +1,146 @@
+"""What a stop or a failure leaves: after Ctrl-C the last line on the screen is the one that says
+what to run next, no progress bar drawn or left stale under it; a failed download leaves no
+empty folder it made; a translation's .part file is never written through a link."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import socket
+import sys
+
+import pytest
+import tqdm.std
+
+import common
+from conftest import Held
+from plumbing import command_line, downloads, process
+from tools import translate
+
+
+def screen(stream: str, width: int = 200) -> list[str]:
+    """What a terminal shows after `stream` (a command's stderr): lines written over by a carriage
+    return, the cursor moved up by a bar drawn below another (ESC [A), trailing blank lines dropped."""
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for token in re.findall(r"\x1b\[A|\r|\n|[^\r\n\x1b]+|\x1b", stream):
+        if token == "\x1b[A":
+            row = max(0, row - 1)
+        elif token == "\r":
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+            rows.extend([] for _ in range(row + 1 - len(rows)))
+        else:
+            line = rows[row]
+            line.extend(" " for _ in range(col - len(line)))
+            line[col:col + len(token)] = token
+            col += len(token)
+    shown = ["".join(r).rstrip() for r in rows]
+    while shown and not shown[-1]:
+        shown.pop()
+    return shown
+
+
+class InOrder(list):
+    """tqdm's set of open bars, iterated in a chosen order (a WeakSet's own order is arbitrary)."""
+
+    def add(self, bar) -> None:
+        self.append(bar)
+
+    def remove(self, bar) -> None:
+        if bar not in self:
+            raise KeyError(bar)
+        super().remove(bar)
+
+    def copy(self) -> "InOrder":
+        return InOrder(self)
+
+
+@pytest.mark.parametrize("outer_first", [True, False])
+def test_the_line_after_a_stop_comes_below_every_bar_and_none_is_left_stale(outer_first, monkeypatch):
+    """Training's bar and an evaluation's drawn below it, open when Ctrl-C comes: whichever order
+    they are closed in, the screen ends with training's bar and then the line, nothing between."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    outer = process.progress(100, "simcse", "step")
+    outer.update(7)
+    inner = process.progress(40, "evaluating", "batch")
+    inner.update(12)
+    inner.refresh()
+    order = [outer, inner] if outer_first else [inner, outer]
+    monkeypatch.setattr(tqdm.std.tqdm, "_instances", InOrder(order))
+    command_line.say("\ninterrupted (Ctrl-C). What was already written in runs/x is kept.")
+    shown = screen(err.getvalue())
+    assert shown[-1] == "interrupted (Ctrl-C). What was already written in runs/x is kept.", shown
+    assert shown[-3].startswith("simcse:") and " 7/100 " in shown[-3] and shown[-2] == "", shown
+    assert not any("evaluating" in line for line in shown), shown
+
+
+def test_ctrl_c_in_a_real_run_ends_the_screen_with_the_line_that_says_what_next(tmp_path, tiny_bert, corpus,
+                                                                               small_sts):
+    """`python simcse.py` held mid-step with an evaluation's bar drawn under training's, then a
+    real SIGINT: exit status 130; the screen's last line says --resume, training's bar above it,
+    the evaluation's wiped, and nothing drawn after."""
+    hold = tmp_path / "hold"
+    at_hold = (f"import time\nfrom pathlib import Path\nfrom plumbing import process\n"
+               f"bar = process.progress(40, 'evaluating', 'batch')\nbar.update(12)\nbar.refresh()\n"
+               f"Path({str(hold / 'inner')!r}).write_text('')\nwhile True:\n    time.sleep(0.05)\n")
+    argv = ["--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts), "--output_dir",
+            str(tmp_path / "run"), "--batch_size", "8", "--max_steps", "20", "--eval_every", "10",
+            "--cache_dir", str(tmp_path / "cache")]
+    with Held(hold, "simcse.py", argv, at=3, at_hold=at_hold) as run:
+        run.wait("inner")
+        os.kill(run.proc.pid, signal.SIGINT)
+        err = run.proc.stderr.buffer.read().decode()     # as written: its \r not read as line ends
+        code = run.proc.wait(timeout=300)
+    shown = screen(err)
+    assert code == 130, err[-2000:]
+    assert shown[-1].startswith("interrupted (Ctrl-C). What was already written in ") and \
+        "--resume" in shown[-1], shown[-6:]
+    assert shown[-3].startswith("simcse:") and "2/20" in shown[-3] and shown[-2] == "", shown[-6:]
+    assert not any("evaluating" in line for line in shown), shown[-6:]
+
+
+# -------------------------------------------------------------------------------------
+# A failed download, a link where a translation writes
+# -------------------------------------------------------------------------------------
+
+def closed_address() -> str:
+    with socket.socket() as s:                       # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("what", ["wiki1m", "nli", "sts"])
+def test_a_failed_download_leaves_no_folder_it_made(what, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(common.UserError, match="could not download"):
+        downloads.download("fresh/data", common.check_sts, closed_address(), what=[what])
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "data").mkdir()                      # a folder that was there stays, and what it holds
+    (tmp_path / "data" / "mine.txt").write_text("kept\n")
+    with pytest.raises(common.UserError, match="could not download"):
+        downloads.download("data", common.check_sts, closed_address(), what=[what])
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["mine.txt"]
+
+
+def test_the_free_space_named_is_where_the_download_goes(tmp_path):
+    """The STS archive is fetched into a temporary folder, gone once it fails: not the one named."""
+    with pytest.raises(common.UserError, match=rf"the free disk space in {tmp_path / 'data'}, or fetch"):
+        downloads.download(tmp_path / "data", common.check_sts, closed_address(), what=["sts"])
+
+
+@pytest.mark.parametrize("which", [".part", ".part.json"])
+def test_a_link_where_the_translation_writes_is_refused_not_written_through(which, tmp_path, parallel,
+                                                                             tiny_mt):
+    out = tmp_path / "de.txt"
+    elsewhere = tmp_path / "elsewhere.txt"            # not there yet: a link to it would create it
+    (tmp_path / f"de.txt{which}").symlink_to(elsewhere)
+    with pytest.raises(common.UserError, match=rf"^{tmp_path / 'de.txt'}{re.escape(which)} is a symbolic "
+                                               rf"link \(to {elsewhere}\): a translation writes only into "
+                                               rf"files of its own, never through a link\. Remove it"):
+        translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--out", str(out)])
+    assert not elsewhere.exists() and not out.exists()
