@@ -91,6 +91,9 @@ class Args(common.TrainArgs):
         if self.data.lower().endswith(".csv"):
             raise UserError(f"--data {self.data}: ConIsI is self-supervised and reads one sentence a "
                             f"line; give a text file (e.g. wiki1m_for_simcse.txt), not a CSV.")
+
+    def settle(self, data_rows: int) -> None:
+        # the encoder's positions, once common.start has checked the files and found --model
         positions = common.encoder_positions(self.model)
         if 2 * self.max_len > positions:
             raise UserError(f"--max_len {self.max_len}: the pairs Y and Z need up to {2 * self.max_len} "

@@ -261,8 +261,6 @@ def test_files_are_checked_before_any_model(tmp_path, tiny_bert, small_sts, corp
     assert line.startswith(f"error: --data {missing}: ")
 
 
-@pytest.mark.xfail(strict=True, reason="conisi.py's rules() reads --model's config (for --max_len) before "
-                                       "common.start checks the files")
 def test_conisi_checks_its_files_before_its_model(tmp_path, tiny_bert, small_sts, corpus, parallel,
                                                   tiny_mbert, capsys):
     argv = base_flags("conisi", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
