@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The fault tests send real signals (Ctrl-C, a hangup) to the scripts they start, which must meet
+# them as a script started from a terminal does. A suite started in the background (nohup, or
+# `cmd &` in a shell script) inherits SIGINT and SIGHUP ignored, every process it starts would
+# inherit that, and a script rightly leaves an ignored signal ignored. A handler, unlike an
+# ignored signal, does not survive exec: with one here the suite goes on ignoring them, and what
+# it starts begins with the default, as from a terminal.
+for _signum in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        signal.signal(_signum, lambda signum, frame: None)
 # torch.compile does nothing in the tests and in the processes they start (PyTorch's own switch):
 # on a GPU, compiling each tiny end-to-end run costs 20-60 s, and only the tests marked
 # `compiled` are about the compiled step; the fixture below switches it back on for those

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -144,3 +145,13 @@ def test_a_link_where_the_translation_writes_is_refused_not_written_through(whic
                                                rf"files of its own, never through a link\. Remove it"):
         translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--out", str(out)])
     assert not elsewhere.exists() and not out.exists()
+
+
+def test_a_script_the_suite_starts_meets_ctrl_c_and_a_hangup_as_from_a_terminal():
+    """Even when the suite itself runs in the background with SIGINT and SIGHUP ignored (nohup,
+    `cmd &` in a shell script), the processes it starts begin with both at their default, so the
+    real-signal tests here test what a user's Ctrl-C does (conftest.py)."""
+    probe = ("import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
+             "signal.getsignal(signal.SIGHUP) == signal.SIG_DFL)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["True", "True"]
