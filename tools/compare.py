@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/c
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 from plumbing import inputs  # noqa: E402
-from plumbing.inputs import check_sts_dir  # noqa: E402
 
 # NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
 # common's one list of flags that say where and how a run is written, not what it trains
@@ -482,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     # STS data, then whether its encoder can be had (in seconds, offline too), before it loads
     runs = [read_run(f, plot=bool(args.plot)) for f in folders]
     if args.baseline:
-        check_sts_dir(args.sts_dir)
+        inputs.check_sts_dir(args.sts_dir)
         inputs.where_from(args.baseline, "--baseline")
         inputs.check_model_folder(args.baseline, "--baseline")
     groups = group_runs(runs)
