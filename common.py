@@ -19,10 +19,10 @@ plumbing/, a module for each thing it holds: flags (argparse from the Args datac
 paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
 token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record and
 identity, how a checkpoint is written and read back, stages), atomic_writes, export (a folder
-transformers and sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP), process (ranks,
-progress bars, the one-line errors), command_line (exit statuses), interrupts (signals, from a
-script's first line to its last) and translation (IFCL's German file). A reader of the papers need
-not open them.
+transformers and sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP),
+ranks, progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts
+(signals, from a script's first line to its last) and translation (IFCL's German file). A reader
+of the papers need not open them.
 """
 
 from __future__ import annotations
@@ -49,14 +49,16 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, flags, inputs, process
+from plumbing import downloads, export, flags, inputs, run_folder
 from plumbing.command_line import run_main as run_main
-from plumbing.compiled_step import fast_forward
+from plumbing.compiled_step import compiled_forward
+from plumbing.errors import UserError
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
 from plumbing.flags import arg, select_rows
 from plumbing.flags import parse_args as parse_args
 from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
-from plumbing.process import UserError, barrier, progress, world
+from plumbing.progress import progress
+from plumbing.ranks import barrier, world
 from plumbing.run_folder import RunFolder, open_run, write_json
 
 # =====================================================================================
@@ -163,6 +165,16 @@ class Tokens:
         return {"input_ids": ids, "attention_mask": mask.long()}           # (B, L), (B, L)
 
 
+# A token covers a few characters: a line is cut to CHARS_PER_TOKEN characters a token the model
+# keeps before it is tokenised, so that one huge line costs no more memory than a long one. What is
+# kept is the same unless a line's tokens average more than that many characters.
+CHARS_PER_TOKEN = 64
+
+
+def clip(texts: list[str], tokens: int) -> list[str]:
+    return [t[:CHARS_PER_TOKEN * tokens] for t in texts]
+
+
 def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
              desc: str = "tokenizing") -> Tokens:
     """Tokenise once, before training, into a (n, max_len) array, kept in `cache_dir` for the
@@ -179,12 +191,11 @@ def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | 
     backend.enable_truncation(max_len)
     backend.no_padding()
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    bar = progress(total=len(texts), desc=desc, unit="sent", disable=len(texts) < 50000)
-    for s in range(0, len(texts), 20000):
-        for j, e in enumerate(encode_batch(texts[s:s + 20000]), start=s):
-            ids[j, :len(e.ids)], lengths[j] = e.ids, len(e.ids)
-        bar.update(min(20000, len(texts) - s))
-    bar.close()
+    with progress(total=len(texts), desc=desc, unit="sent", disable=len(texts) < 50000) as bar:
+        for s in range(0, len(texts), 20000):
+            for j, e in enumerate(encode_batch(clip(texts[s:s + 20000], max_len)), start=s):
+                ids[j, :len(e.ids)], lengths[j] = e.ids, len(e.ids)
+            bar.update(min(20000, len(texts) - s))
     inputs.save_tokens(cache, ids, lengths, pad_id)
     return Tokens(ids, lengths, pad_id)
 
@@ -232,6 +243,8 @@ def device_batch(data: dict[str, Tokens], idx: np.ndarray, pad_to: int | None,
 # =====================================================================================
 
 POOLERS = ["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"]
+# encode(sentences, on_batch) -> (n, d) embeddings; on_batch(k) after each k sentences (make_encode)
+Encode = Callable[[list[str], Callable[[int], Any]], np.ndarray]
 
 
 def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
@@ -341,23 +354,24 @@ def fp32(fn: Callable) -> Callable:
 
 
 def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | None = None,
-                batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
-    """encode(sentences) -> (n, d) float32 numpy for evaluation: eval mode, no grad, batches of
-    similar length, truncated only to the model's positions (not the training max_len). fp32 on
-    every device, as SimCSE's evaluation.py: under bf16 a run's STS-B dev and the same weights
-    evaluated again (best/, `python tools/eval.py`) differed by up to 0.7 on a GPU."""
+                batch_size: int = 128) -> Encode:
+    """encode(sentences, on_batch) -> (n, d) float32 numpy for evaluation: eval mode, no grad,
+    batches of similar length, truncated only to the model's positions (not the training max_len);
+    on_batch(k) after each k sentences (a progress bar). fp32 on every device, as SimCSE's
+    evaluation.py: under bf16 a run's STS-B dev and the same weights evaluated again (best/,
+    `python tools/eval.py`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
 
     @torch.no_grad()
-    def encode(sentences: list[str]) -> np.ndarray:
+    def encode(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
         modules = [m for m in (encoder, mlp) if m is not None]
         was_training = encoder.training
         for m in modules:
             m.eval()
         device = next(encoder.parameters()).device
         limit = inputs.max_positions(encoder.config, tokenizer)
-        ids = tokenizer(list(sentences), truncation=True, max_length=limit, return_attention_mask=False,
-                        return_token_type_ids=False)["input_ids"]
+        ids = tokenizer(clip(sentences, limit), truncation=True, max_length=limit,
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
         order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
         for s in range(0, len(order), batch_size):
@@ -366,7 +380,7 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
             with torch.autocast(device.type, enabled=False):      # fp32, inside a bf16 step's autocast too
                 o = encoder(**batch, output_hidden_states=hidden)
                 out[rows] = pool(o, batch["attention_mask"], pooler, mlp).float().cpu().numpy()  # (B, d)
-            process.encoded(len(rows))                            # the evaluation's progress bar
+            on_batch(len(rows))
         for m in modules:
             m.train(was_training)
         return out
@@ -429,6 +443,12 @@ def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict
                     np.array([float(r[g]) for r in rows]))}
 
 
+def evaluating(desc: str, total: int):
+    """The bar of an evaluation over its `total` sentences: rank 0's only, drawn once it has run a
+    second (a short one draws none), erased when done (its figures are printed after it)."""
+    return progress(total, desc, "sent", disable=world()[0] != 0, leave=False, delay=1.0)
+
+
 def cosine_rows(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Row-wise cosine; a zero vector gives 0, never NaN (SentEval's NaN -> 0)."""
     u, v = u.astype(np.float64), v.astype(np.float64)
@@ -441,26 +461,25 @@ def _spearman(sims: np.ndarray, gold: np.ndarray) -> float:
     return 0.0 if np.isnan(r) else float(r) * 100
 
 
-def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
+def evaluate_sts(encode: Encode, data_dir: str | Path,
                  tasks: list[str] | None = None, split: str = "test", desc: str = "evaluating") -> dict:
     """Spearman x100 of cosine similarity, as SimCSE's SentEval computes it. split="test": the 7
     tasks, STS12-16 reporting "all" (one Spearman over a task's pairs concatenated; per subset,
     their mean and weighted mean beside); "dev": STS-B dev and SICK-R trial. res["avg"]: the
     mean of the reported figures. A task's distinct sentences are encoded once, apart from the
-    other tasks: its figure is the same whichever tasks are evaluated with it. An evaluation
-    longer than a second shows a bar on stderr, `desc` and the task, then each task's figure."""
+    other tasks: its figure is the same whichever tasks are evaluated with it. encode(sentences,
+    on_batch) as make_encode's. An evaluation longer than a second shows a bar on stderr, `desc`
+    and the task, then each task's figure."""
     inputs.check_sts_dir(data_dir)
     if tasks is None:
         tasks = STS_TASKS if split == "test" else ["STSBenchmark", "SICKRelatedness"]
     loaded = {t: load_sts_pairs(data_dir, t, split) for t in tasks}
     uniq = {t: sorted({s for a, b, _ in subs.values() for s in a + b}) for t, subs in loaded.items()}
     res: dict[str, Any] = {}
-    with process.evaluating(desc, sum(map(len, uniq.values()))) as bar:
+    with evaluating(desc, sum(map(len, uniq.values()))) as bar:
         for k, (t, subs) in enumerate(loaded.items()):
             bar.set_description(f"{desc}: {TASK_SHORT[t]} {split} ({k + 1}/{len(tasks)})", refresh=False)
-            done = bar.n + len(uniq[t])
-            emb = encode(uniq[t])                                           # (U, d)
-            bar.update(done - bar.n)                 # an encode of the caller's own moves it here
+            emb = encode(uniq[t], bar.update)                               # (U, d)
             row = {s: i for i, s in enumerate(uniq[t])}
             sims = {name: cosine_rows(emb[[row[s] for s in a]], emb[[row[s] for s in b]])
                     for name, (a, b, _) in subs.items()}
@@ -477,16 +496,16 @@ def evaluate_sts(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path
     return res
 
 
-def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: str | Path,
-                         split: str = "test", desc: str = "evaluating") -> dict[str, float]:
+def alignment_uniformity(encode: Encode, data_dir: str | Path, split: str = "test",
+                         desc: str = "evaluating") -> dict[str, float]:
     """Wang & Isola (2020), as SimCSE reports them, on STS-B (lower is better for both): alignment
     = mean ||f(x)-f(x+)||^2 over pairs with gold > 4; uniformity = log mean exp(-2||f(x)-f(y)||^2)
     over all distinct pairs of sentences; f normalised. NOTE(ours): the test split, Focal-InfoNCE
     Tab. 3's (its SpCorr column is Tab. 2's STS-B test figure); SimCSE names no split."""
     a, b, gold = load_sts_pairs(data_dir, "STSBenchmark", split)[split]
     sents = sorted(set(a) | set(b))
-    with process.evaluating(f"{desc}: alignment and uniformity, STS-B {split}", len(sents)):
-        f = F.normalize(torch.from_numpy(encode(sents)).double(), dim=-1)  # (U, d)
+    with evaluating(f"{desc}: alignment and uniformity, STS-B {split}", len(sents)) as bar:
+        f = F.normalize(torch.from_numpy(encode(sents, bar.update)).double(), dim=-1)  # (U, d)
     row = {s: i for i, s in enumerate(sents)}
     fa = f[[row[s] for s, g in zip(a, gold) if g > 4]]                      # (P, d)
     fb = f[[row[s] for s, g in zip(b, gold) if g > 4]]                      # (P, d)
@@ -495,7 +514,7 @@ def alignment_uniformity(encode: Callable[[list[str]], np.ndarray], data_dir: st
     return {"alignment": float(align), "uniformity": float(unif)}
 
 
-def saved_encoder(model: str | Path, pooler: str, batch_size: int = 128) -> Callable[[list[str]], np.ndarray]:
+def saved_encoder(model: str | Path, pooler: str, batch_size: int = 128) -> Encode:
     """make_encode() of an encoder as saved (a hub name or a folder), read off with `pooler`."""
     tokenizer, encoder = load_encoder(str(model))
     encoder.to("cuda" if torch.cuda.is_available() else "cpu")
@@ -668,7 +687,7 @@ def start(args: TrainArgs) -> torch.device:
     named on stderr."""
     device = init_distributed()
     args.check()                                    # the flags on their own
-    process.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
+    run_folder.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
     if world()[0] == 0:                             # the default data, into data/ on first use
         downloads.on_first_use(args.data, args.sts_dir, check_sts)
     barrier()
@@ -747,7 +766,7 @@ class Meter:
         return record
 
 
-def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path,
+def dev_figures(encode: Encode, sts_dir: str | Path,
                 desc: str = "evaluating") -> dict[str, float]:
     """What the log records at an evaluation: STS-B dev (which chooses best/), SICK-R trial, their
     mean, and alignment and uniformity on STS-B test (Focal Tab. 3; against each other, SimCSE's
@@ -757,7 +776,7 @@ def dev_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path,
             "avg_dev": dev["avg"], **alignment_uniformity(encode, sts_dir, desc=desc)}
 
 
-def final_figures(encode: Callable[[list[str]], np.ndarray], sts_dir: str | Path, desc: str) -> dict:
+def final_figures(encode: Encode, sts_dir: str | Path, desc: str) -> dict:
     """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test."""
     return {**evaluate_sts(encode, sts_dir, desc=desc), **alignment_uniformity(encode, sts_dir, desc=desc)}
 
@@ -821,7 +840,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     model.train()       # from_pretrained() hands the encoder back in eval mode: dropout would be off
     opt, sched = make_optimizer([p for p in model.parameters() if p.requires_grad], args.lr,
                                 args.weight_decay, total, device)
-    forward = fast_forward(model, device, args.compile, world_size)  # DDP; compiled on a GPU
+    forward = compiled_forward(model, device, args.compile, world_size)  # DDP; compiled on a GPU
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
@@ -841,46 +860,45 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             stopped, since = bool(ckpt.get("stopped_early")), list(ckpt.get("since_check") or [0.0, 0])
         run.resumed(ckpt)                  # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
-    bar = progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step)
-    while step < total and not stopped:
-        epoch, b = divmod(step, steps_per_epoch)
-        idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
-        batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
-        loss, stats = train_step(forward, batch, opt, sched, args.max_grad_norm, device, world_size)
-        step += 1
-        meter.add(loss, stats)
-        bar.update(1)
-        if should_stop is not None:                     # rcl.py's early stop
-            since = [since[0] + loss, since[1] + 1]                    # on the device: no wait
-            if step % getattr(should_stop, "every", args.eval_every) == 0 or step == total:
-                stopped, since = bool(should_stop(step, float(since[0]) / since[1])), [0.0, 0]
-        evaluate_now = step % args.eval_every == 0 or step == total or stopped
-        if step % args.log_every == 0 or evaluate_now:
-            if not meter.finite():
-                bar.close()
-                raise run.nan_error(step, best_step)
-            record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
-            run.write(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                            sent_s=f"{record['sent_per_s']:.0f}")
-        if evaluate_now and rank == 0:                  # rank 0 evaluates; last/, best/ if the best
-            dev = {"step": step, **dev_figures(encode, args.sts_dir, f"step {step}, evaluating")}
-            best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
-            dev["best_stsb_dev"] = best
-            run.write(dev)
-            run.save_last({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                           "step": step, "dev": dev, "best": best, "best_step": best_step,
-                           "stopped_early": stopped, "since_check": [float(since[0]), since[1]],
-                           "should_stop": getattr(should_stop, "state_dict", lambda: None)(),
-                           "rng_cpu": torch.get_rng_state(), "run": run.identity,
-                           "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-            if best_step == step:
-                run.save_best(dev)
-            bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev {dev['sickr_dev']:.2f}  "
-                      f"(best {best:.2f} at step {best_step})", file=sys.stderr)
-        if evaluate_now:
-            barrier()                                   # every rank waits for rank 0's checkpoint
-    bar.close()
+    with progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step) as bar:
+        while step < total and not stopped:
+            epoch, b = divmod(step, steps_per_epoch)
+            idx = batch_plan(n, args.batch_size, args.seed, epoch)[b]      # the global batch's rows
+            batch = device_batch(data, local_rows(idx), pad_to, device)   # this rank's share of them
+            loss, stats = train_step(forward, batch, opt, sched, args.max_grad_norm, device, world_size)
+            step += 1
+            meter.add(loss, stats)
+            bar.update(1)
+            if should_stop is not None:                     # rcl.py's early stop
+                since = [since[0] + loss, since[1] + 1]                    # on the device: no wait
+                if step % getattr(should_stop, "every", args.eval_every) == 0 or step == total:
+                    stopped, since = bool(should_stop(step, float(since[0]) / since[1])), [0.0, 0]
+            evaluate_now = step % args.eval_every == 0 or step == total or stopped
+            if step % args.log_every == 0 or evaluate_now:
+                if not meter.finite():
+                    raise run.nan_error(step, best_step)
+                record = meter.record(step, float(sched.get_last_lr()[0]), epoch, args.batch_size)
+                run.write(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                sent_s=f"{record['sent_per_s']:.0f}")
+            if evaluate_now and rank == 0:                  # rank 0 evaluates; last/, best/ if the best
+                dev = {"step": step, **dev_figures(encode, args.sts_dir, f"step {step}, evaluating")}
+                best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
+                dev["best_stsb_dev"] = best
+                run.write(dev)
+                run.save_last({"model": model.state_dict(), "opt": opt.state_dict(),
+                               "sched": sched.state_dict(), "step": step, "dev": dev, "best": best,
+                               "best_step": best_step,
+                               "stopped_early": stopped, "since_check": [float(since[0]), since[1]],
+                               "should_stop": getattr(should_stop, "state_dict", lambda: None)(),
+                               "rng_cpu": torch.get_rng_state(), "run": run.identity,
+                               "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+                if best_step == step:
+                    run.save_best(dev)
+                bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev {dev['sickr_dev']:.2f}  "
+                          f"(best {best:.2f} at step {best_step})", file=sys.stderr)
+            if evaluate_now:
+                barrier()                                   # every rank waits for rank 0's checkpoint
     result = {"best_dev": best, "best_step": best_step, "steps": step, "total": total, "test": None,
               "stopped_early": stopped and step < total, "last_dev": (dev or {}).get("stsb_dev")}
     if final_eval and rank == 0:
@@ -915,5 +933,5 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     if untrained:
         kept["untrained"] = untrained
     write_json(best_dir / "test_metrics.json", kept)
-    print(process.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
+    print(export.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
     return res

@@ -462,7 +462,7 @@ PAPER_ROWS = [
 
 
 # =====================================================================================
-# Plumbing: antonym tables for --strategy o2 (nltk's WordNet or a file), then main
+# Antonym tables for --strategy o2 (nltk's WordNet or a file), then the command: main()
 # =====================================================================================
 
 def wordnet_antonyms() -> Callable[[str], list[str]]:

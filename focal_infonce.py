@@ -239,7 +239,7 @@ PAPER_ROWS = [
 
 
 # =====================================================================================
-# Plumbing: everything below calls common.py
+# The command: main() reads the flags, loads the data and the encoder, and trains (common.py)
 # =====================================================================================
 
 def main(argv: list[str] | None = None) -> dict:

@@ -387,7 +387,7 @@ PAPER_ROWS = [
 
 
 # =====================================================================================
-# Plumbing: BEL_F's model, then main (the German file: plumbing/translation.py, one call)
+# BEL_F's model, then the command: main() (the German file: plumbing/translation.py, one call)
 # =====================================================================================
 
 def check_fusable(args: Args, width: int, width_f: int) -> None:

@@ -1,15 +1,17 @@
 """What keeps a run safe and fast, apart from what a reader of the papers needs (common.py and the
 method scripts): a module for each thing it holds.
 
-    process        this process's rank under torchrun, its progress bars, the run it recorded,
-                   the one-line errors (a refused input, a failed write)
+    errors         the one-line errors: a refused input, a failed write
+    ranks          this process's rank under torchrun, and a wait for every rank
+    progress       the progress bars, and a stderr that cannot fail a run
     flags          argparse from an @dataclass of arg() fields; the flags a run changed, the
                    paper rows they reproduce (select_rows)
     inputs         the files a run is given, read and checked; the token cache
     downloads      SimCSE's data into data/, each file proven whole before it is kept
                    (on first use, or tools/download.py)
     atomic_writes  folders and files written whole or not at all
-    export         a model folder that transformers and sentence-transformers both load
+    export         a model folder that transformers and sentence-transformers both load, and the
+                   commands that use it at the end of a run
     run_folder     the lock, the run's record and identity, how last/ and best/ are written and
                    read back (train() decides what they keep), stages (rcl.py)
     compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels

@@ -71,7 +71,7 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
-def fast_forward(model: nn.Module, device: torch.device, compile: bool, world_size: int) -> Callable:
+def compiled_forward(model: nn.Module, device: torch.device, compile: bool, world_size: int) -> Callable:
     """model(batch) as train() calls it: under DDP with several processes, compiled on a GPU
     unless --no-compile (on a CPU the model itself)."""
     net = wrap_ddp(model, device) if world_size > 1 else model

@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from plumbing.errors import UserError
 from plumbing.inputs import count_lines, is_sts_dir
-from plumbing.process import UserError, progress
+from plumbing.progress import progress
 
 DATA_DIR = Path("data")
 UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
@@ -45,12 +46,11 @@ def fetch(url: str, dest: Path, room: Path | None = None) -> None:
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
             size = int(r.headers.get("Content-Length") or 0) or None
-            bar = progress(total=size, desc=dest.name.split(".part")[0], unit="B")
             got = 0
-            while chunk := r.read(1 << 20):
-                got += f.write(chunk)
-                bar.update(len(chunk))
-            bar.close()
+            with progress(total=size, desc=dest.name.split(".part")[0], unit="B") as bar:
+                while chunk := r.read(1 << 20):
+                    got += f.write(chunk)
+                    bar.update(len(chunk))
     except OSError as e:
         raise failed(str(e))
     if size is not None and got != size:

@@ -1,10 +1,13 @@
 """The export: a model folder that Hugging Face (AutoModel) and sentence-transformers both load,
-written whole or not at all (best/, and rcl.py's end/). The `cls` pooler's MLP goes into BERT's own
-pooler layer (tanh(W h_cls + b) is the MLP) and into a sentence-transformers Dense module."""
+written whole or not at all (best/, and rcl.py's end/), and the commands that use it at the end
+of a run. The `cls` pooler's MLP goes into BERT's own pooler layer (tanh(W h_cls + b) is the MLP)
+and into a sentence-transformers Dense module."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,3 +64,35 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
                                                "do_lower_case": False})
         for name, obj in (extra or {}).items():
             dump(name, obj)
+
+
+def tool(name: str) -> str:
+    """A tool's path as typed from the working folder: tools/compare.py in the repository, else
+    the whole path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / name
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+def what_next(best: Path, model: str, pooler: str, sts_dir: str) -> str:
+    """The end of a run: where its best model is, and the commands to run next, as typed from the
+    working folder: the run beside the untrained encoder, best/ evaluated again, best/ loaded."""
+    q = shlex.quote
+    sts = "" if Path(sts_dir) == Path("data/sts") else f" --sts_dir {q(sts_dir)}"
+    # Python inside the shell's single quotes: its strings in double quotes
+    folder, pair = json.dumps(str(best)), '["A man is playing a guitar.", "Someone plays music."]'
+    if (best / "modules.json").is_file():          # written for the poolers sentence-transformers has
+        load = (f"from sentence_transformers import SentenceTransformer; m = SentenceTransformer({folder}); "
+                f"e = m.encode({pair}); print(m.similarity(e[:1], e[1:]))")
+        how = "in sentence-transformers: the cosine of two sentences"
+    else:
+        load = (f"from transformers import AutoModel, AutoTokenizer; t = AutoTokenizer.from_pretrained("
+                f"{folder}); m = AutoModel.from_pretrained({folder}); print(m(**t({pair}, padding=True, "
+                f'return_tensors="pt"), output_hidden_states=True).hidden_states[-1].shape)')
+        how = f"in transformers: sentence-transformers has no {pooler} pooling (common.pool has)"
+    return "\n".join([
+        f"best model: {best} (the figures above: its test_metrics.json); next:",
+        f"  python {tool('compare.py')} {q(str(best.parent))} --baseline {q(model)} --pooler {pooler}{sts}"
+        f"   # beside the untrained encoder",
+        f"  python {tool('eval.py')} --model {q(str(best))} --pooler {pooler}{sts}   # the 7 tasks again",
+        f"  python -c {q(load)}   # {how}"])

@@ -17,7 +17,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Sequence
 
-from plumbing.process import UserError
+from plumbing.errors import UserError
 
 
 def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from plumbing.atomic_writes import no_follow
-from plumbing.process import UserError, writing
+from plumbing.errors import UserError, writing
 
 
 def read_once(read: Callable) -> Callable:

@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-from plumbing import atomic_writes, interrupts, process
+from plumbing import atomic_writes, interrupts
 from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to_disk, write_text_atomic
+from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, script_name
 from plumbing.inputs import model_folder_problem
-from plumbing.process import NO_CHECKPOINT, UserError, barrier, checkpoint_kept, intact, world, writing
+from plumbing.ranks import barrier, world
 
 try:
     import fcntl  # POSIX: the run-folder lock (hold_run_folder)
@@ -38,6 +39,42 @@ except ImportError:                    # Windows
 CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 DONE = "DONE.json"              # a stage's summary, written once the stage is complete
 LOCK = "run.lock"               # names the process that holds the folder
+
+# the run folder whose record (args.json) common.start wrote for this command, if any: what a
+# failed write or a Ctrl-C says is intact and what to run next
+recorded_run: Path | None = None
+# the run folder a --resume command goes on with, until its record is checked: a stop before
+# then changed nothing in it
+resuming: Path | None = None
+NO_CHECKPOINT = "no checkpoint was written yet"
+
+
+def intact(step: int, last: Path) -> str:
+    return f"the last complete checkpoint, step {step}, is intact in {last}"
+
+
+def checkpoint_kept(out: str | Path | None) -> str:
+    """What a failed write leaves intact in run folder `out`: last/'s step (read without its
+    tensors), or that no checkpoint was written yet."""
+    if out is None or not (last := Path(out) / "last" / "state.pt").is_file():
+        return NO_CHECKPOINT
+    try:
+        step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
+    except Exception:
+        return f"{last.parent} is as it was"
+    return intact(step, last.parent)
+
+
+def recorded() -> Path | None:
+    """The run folder this command recorded, once its record (args.json) is there: the folder
+    --resume accepts. None before (--resume would be refused: the same command starts the run)."""
+    return recorded_run if recorded_run is not None and (recorded_run / "args.json").is_file() else None
+
+
+def next_command() -> str:
+    """What to run once a command stopped by a failed write can go on."""
+    return "the same command plus --resume continues" if recorded() else "the same command starts the run"
+
 
 
 # -------------------------------------------------------------------------------------
@@ -247,19 +284,20 @@ def record_run(out: Path, args: Any) -> None:
 def open_run(args: Any) -> None:
     """common.start's last step, on rank 0: hold --output_dir, check or write its record, put back
     what a kill between two renames left; every rank then waits. From here a failed write or a
-    Ctrl-C names this folder (process.recorded_run)."""
+    Ctrl-C names this folder (recorded_run)."""
     if world()[0] == 0:
         out = prepare_output_dir(args.output_dir, args.resume)
         record_run(out, args)
         recover_dir(out / "best")
         recover_dir(out / "last")
     barrier()
-    process.recorded_run = Path(args.output_dir)
+    global recorded_run
+    recorded_run = Path(args.output_dir)
 
 
 def held_to_record(folder: Path) -> bool:
     """Whether `folder` is the run this command recorded (its flags held to args.json), or a stage of it."""
-    run = process.recorded()
+    run = recorded()
     return run is not None and run.resolve() in (folder.resolve(), folder.resolve().parent)
 
 
@@ -267,7 +305,7 @@ def run_identity(args: Any) -> dict:
     """What makes a run this run, which train() puts into each checkpoint: its script, its stage
     (rcl.py's entropy models: the folder's name inside the recorded run; "" for the run itself),
     the flags that say what it trains, and its data's fingerprint."""
-    out, run = Path(args.output_dir).resolve(), process.recorded_run
+    out, run = Path(args.output_dir).resolve(), recorded_run
     stage = out.name if run is not None and out.parent == run.resolve() else ""
     return {"script": f"{script_name(args)}.py", "stage": stage, "data_sha256": data_fingerprint(args.data),
             "flags": training_flags(args)}
@@ -277,7 +315,7 @@ def kept_in(folder: Path) -> str:
     """What a failed write in `folder` leaves intact: its last checkpoint and, for a stage of the
     recorded run, the stages already complete beside it."""
     kept = checkpoint_kept(folder)
-    if process.recorded_run is None or folder.parent != process.recorded_run:
+    if recorded_run is None or folder.parent != recorded_run:
         return kept
     kept += f" in {folder.name}" if kept == NO_CHECKPOINT else ""
     finished = [d.name for d in sorted(folder.parent.iterdir()) if (d / DONE).is_file()]

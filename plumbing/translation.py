@@ -31,9 +31,11 @@ import torch
 
 from plumbing import downloads, inputs
 from plumbing.atomic_writes import no_follow, write_text_atomic
+from plumbing.errors import UserError
 from plumbing.flags import arg, parse_args
 from plumbing.inputs import count_lines, default_cache_dir, read_sentences
-from plumbing.process import UserError, progress, world
+from plumbing.progress import progress
+from plumbing.ranks import world
 
 
 @dataclass
@@ -226,9 +228,9 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             prefix = T5_PREFIX if model.config.model_type == "t5" else ""
         batch_size = args.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
         print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
-        bar = progress(total=len(src), desc="translating", unit="sent", initial=done)
         empty, t0 = 0, time.perf_counter()
-        with open(part, "a", encoding="utf-8", opener=no_follow) as f:
+        with progress(total=len(src), desc="translating", unit="sent", initial=done) as bar, \
+                open(part, "a", encoding="utf-8", opener=no_follow) as f:
             # Chunks start at multiples of --chunk_size of the input, each sorted by length
             # inside and appended whole, in the input's order. A chunk cut by a kill is
             # translated again whole (the same batches, so the same lines), and only its lines
@@ -250,7 +252,6 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
                 f.write("".join((t or e) + "\n" for t, e in zip(lines, chunk)))
                 f.flush()
                 os.fsync(f.fileno())
-        bar.close()
         secs = time.perf_counter() - t0
         new = len(src) - done
         print(f"translated {new} sentences in {secs:.1f} s ({new / max(secs, 1e-9):.1f} sentences/s)",

@@ -13,11 +13,11 @@ import subprocess
 import sys
 
 import pytest
-import tqdm.std
 
 import common
 from conftest import Held
-from plumbing import command_line, downloads, process
+from plumbing import command_line, downloads
+from plumbing.progress import progress
 from tools import translate
 
 
@@ -45,34 +45,19 @@ def screen(stream: str, width: int = 200) -> list[str]:
     return shown
 
 
-class InOrder(list):
-    """tqdm's set of open bars, iterated in a chosen order (a WeakSet's own order is arbitrary)."""
-
-    def add(self, bar) -> None:
-        self.append(bar)
-
-    def remove(self, bar) -> None:
-        if bar not in self:
-            raise KeyError(bar)
-        super().remove(bar)
-
-    def copy(self) -> "InOrder":
-        return InOrder(self)
-
-
-@pytest.mark.parametrize("outer_first", [True, False])
-def test_the_line_after_a_stop_comes_below_every_bar_and_none_is_left_stale(outer_first, monkeypatch):
-    """Training's bar and an evaluation's drawn below it, open when Ctrl-C comes: whichever order
-    they are closed in, the screen ends with training's bar and then the line, nothing between."""
+def test_the_line_after_a_stop_comes_below_every_bar_and_none_is_left_stale(monkeypatch):
+    """Training's bar and an evaluation's drawn below it, each a `with` block, open when Ctrl-C
+    comes: the stop closes the inner one first (wiped) and then training's, so the screen ends with
+    training's bar and then the line, nothing between."""
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    outer = process.progress(100, "simcse", "step")
-    outer.update(7)
-    inner = process.progress(40, "evaluating", "batch")
-    inner.update(12)
-    inner.refresh()
-    order = [outer, inner] if outer_first else [inner, outer]
-    monkeypatch.setattr(tqdm.std.tqdm, "_instances", InOrder(order))
+    with pytest.raises(KeyboardInterrupt):
+        with progress(100, "simcse", "step") as outer:
+            outer.update(7)
+            with progress(40, "evaluating", "batch", leave=False) as inner:
+                inner.update(12)
+                inner.refresh()
+                raise KeyboardInterrupt
     command_line.say("\ninterrupted (Ctrl-C). What was already written in runs/x is kept.")
     shown = screen(err.getvalue())
     assert shown[-1] == "interrupted (Ctrl-C). What was already written in runs/x is kept.", shown
@@ -86,9 +71,10 @@ def test_ctrl_c_in_a_real_run_ends_the_screen_with_the_line_that_says_what_next(
     real SIGINT: exit status 130; the screen's last line says --resume, training's bar above it,
     the evaluation's wiped, and nothing drawn after."""
     hold = tmp_path / "hold"
-    at_hold = (f"import time\nfrom pathlib import Path\nfrom plumbing import process\n"
-               f"bar = process.progress(40, 'evaluating', 'batch')\nbar.update(12)\nbar.refresh()\n"
-               f"Path({str(hold / 'inner')!r}).write_text('')\nwhile True:\n    time.sleep(0.05)\n")
+    at_hold = (f"import time\nfrom pathlib import Path\nfrom plumbing.progress import progress\n"
+               f"with progress(40, 'evaluating', 'batch', leave=False) as bar:\n    bar.update(12)\n"
+               f"    bar.refresh()\n    Path({str(hold / 'inner')!r}).write_text('')\n"
+               f"    while True:\n        time.sleep(0.05)\n")
     argv = ["--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts), "--output_dir",
             str(tmp_path / "run"), "--batch_size", "8", "--max_steps", "20", "--eval_every", "10",
             "--cache_dir", str(tmp_path / "cache")]

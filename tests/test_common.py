@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
-from plumbing import atomic_writes, export, inputs, process, run_folder
+from plumbing import atomic_writes, errors, export, inputs, run_folder
 
 # ------------------------------------------------------------------ flags
 
@@ -219,7 +219,7 @@ def _angle(s: str) -> float:
     return (sum(map(ord, s)) * 0.37) % 1.5
 
 
-def _fixture_encode(sentences):
+def _fixture_encode(sentences, on_batch=None):
     """a<i> -> (1, 0); b<i> -> (cos t, sin t) with t from the pair's key, so cos = cos t.
     Sentences whose key ends in 'a0' of SICK trial encode to zero (similarity 0, not NaN)."""
     out = []
@@ -299,7 +299,7 @@ def test_alignment_uniformity_definition(tmp_path):
     rng = np.random.default_rng(0)
     table = {}
 
-    def enc(sents):
+    def enc(sents, on_batch=None):
         return np.stack([table.setdefault(s, rng.normal(size=4)) for s in sents])
 
     r = common.alignment_uniformity(enc, tmp_path, split="test")
@@ -361,8 +361,8 @@ LIBRARY_WRITE_ERRORS = {
 @pytest.mark.parametrize("library", list(LIBRARY_WRITE_ERRORS))
 def test_a_library_s_own_error_for_a_refused_write_is_a_failed_write(library):
     e, context, reason = LIBRARY_WRITE_ERRORS[library]
-    with pytest.raises(process.WriteFailed, match=rf"^could not write best: {re.escape(reason)}\. kept; "):
-        with process.writing("best", "kept"):
+    with pytest.raises(errors.WriteFailed, match=rf"^could not write best: {re.escape(reason)}\. kept; "):
+        with errors.writing("best", "kept"):
             try:
                 if context is not None:
                     raise context
@@ -374,7 +374,7 @@ def test_a_library_s_own_error_for_a_refused_write_is_a_failed_write(library):
                                  ValueError("pooler 'cls' is saved with its MLP"), KeyError("model")])
 def test_a_bug_inside_a_write_keeps_its_traceback(bug):
     with pytest.raises(type(bug)):
-        with process.writing("best", "kept"):
+        with errors.writing("best", "kept"):
             raise bug
 
 

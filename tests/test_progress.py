@@ -21,7 +21,8 @@ import ifcl
 import rcl
 import simcse
 from conftest import ENV, ROOT
-from plumbing import downloads, flags, process
+from plumbing import downloads, export, flags
+from plumbing import progress as progress_bars
 from tools import compare
 from tools import eval as eval_tool
 
@@ -29,8 +30,8 @@ from tools import eval as eval_tool
 @pytest.fixture
 def drawn(monkeypatch):
     """Every bar drawn at once and at each update, as a slow machine draws them over minutes."""
-    real = process.tqdm
-    monkeypatch.setattr(process, "tqdm", lambda *a, **k: real(*a, **{**k, "mininterval": 0, "delay": 0,
+    real = progress_bars.tqdm
+    monkeypatch.setattr(progress_bars, "tqdm", lambda *a, **k: real(*a, **{**k, "mininterval": 0, "delay": 0,
                                                                       "miniters": 1}))
 
 
@@ -63,22 +64,24 @@ def test_an_evaluation_shows_each_task_batch_by_batch_then_its_figure(drawn, tin
     counts = [int(n) for n in re.findall(rf"\b(\d+)/{total}\b", err)]
     assert counts == sorted(counts) and counts[-1] == total
     assert len(set(counts)) > 2 * len(common.STS_TASKS)              # batch by batch, not task by task
-    monkeypatch.setattr(process, "world", lambda: (1, 2))             # under torchrun, rank 1
+    monkeypatch.setattr(common, "world", lambda: (1, 2))             # under torchrun, rank 1
     assert common.evaluate_sts(encode, small_sts, desc="checking") == res
     assert capsys.readouterr() == ("", "")
 
 
 def test_an_encode_of_ones_own_still_shows_its_task_and_no_quick_evaluation_draws(small_sts, capsys,
                                                                                     monkeypatch):
-    """evaluate_sts(encode) with an encode not made by make_encode: the bar moves task by task,
-    each named, once the evaluation has taken a second (process.EVAL_DELAY); one under a second
-    draws nothing (the tests' own evaluations, a tiny model's); rank 1 draws nothing."""
-    def encode(sentences):                                      # (n, 2): length and a letter count
+    """evaluate_sts(encode) with an encode not made by make_encode, which reports each task's
+    sentences at once: the bar moves task by task, each named, once the evaluation has taken a
+    second; one under a second draws nothing (the tests' own evaluations, a tiny model's); rank 1
+    draws nothing."""
+    def encode(sentences, on_batch):                            # (n, 2): length and a letter count
+        on_batch(len(sentences))
         return np.array([[len(s), s.count("e") + 1] for s in sentences], np.float32)
 
-    def slow(sentences):
+    def slow(sentences, on_batch):
         time.sleep(1.2)
-        return encode(sentences)
+        return encode(sentences, on_batch)
 
     quick = common.evaluate_sts(encode, small_sts, split="dev", desc="mine")
     assert capsys.readouterr() == ("", "")
@@ -86,7 +89,7 @@ def test_an_encode_of_ones_own_still_shows_its_task_and_no_quick_evaluation_draw
     out, err = capsys.readouterr()
     total = sum(distinct_sentences(small_sts, t, "dev") for t in ("STSBenchmark", "SICKRelatedness"))
     assert out == "" and "mine: STS-B dev (1/2)" in err and f"/{total} " in err
-    monkeypatch.setattr(process, "world", lambda: (1, 2))
+    monkeypatch.setattr(common, "world", lambda: (1, 2))
     common.evaluate_sts(slow, small_sts, split="dev", desc="mine")
     assert capsys.readouterr() == ("", "")
 
@@ -142,9 +145,9 @@ def test_a_download_counts_bytes_in_kb_mb_gb(tmp_path, capsys):
 
 def test_a_tool_is_named_as_typed_from_the_working_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert process.tool("compare.py") == "tools/compare.py"
+    assert export.tool("compare.py") == "tools/compare.py"
     monkeypatch.chdir(tmp_path)                                  # elsewhere: the whole path
-    assert process.tool("eval.py") == (ROOT / "tools" / "eval.py").as_posix()
+    assert export.tool("eval.py") == (ROOT / "tools" / "eval.py").as_posix()
 
 
 def user_command(line: str, cwd: Path) -> subprocess.CompletedProcess:
