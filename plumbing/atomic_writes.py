@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from plumbing import interrupts
 
@@ -78,21 +78,38 @@ def atomic_dir(final: Path):
         raise
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a small file through a temporary name: a kill leaves the old file or the new one; a
-    failed write leaves no temporary file; a link at either name is replaced, not written through."""
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file through a temporary name beside it (`write(f)` fills it), synced, then renamed
+    into place: a kill leaves the old file or the new one; a failed write leaves no temporary file;
+    a link at either name is replaced, not written through, and another name of the old file (a hard
+    link) keeps the old content."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)                  # a kill's leftover, or a link planted there
     try:
-        with open(tmp, "x", opener=no_follow) as f:
-            f.write(text)
+        with open(tmp, "xb", opener=no_follow) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """A small text file (UTF-8) written whole or not at all: write_atomic."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def unshared(path: Path) -> Path:
+    """`path`, made this name's alone before it is written in place (appended to, cut back): a file
+    that shares its content with another name (a hard link: `cp -al run run.snap`) is copied and the
+    copy renamed over it, so the other name keeps what it had."""
+    if os.path.lexists(path) and os.lstat(path).st_nlink > 1:
+        with open(path, "rb", opener=no_follow) as src:
+            write_atomic(path, lambda f: shutil.copyfileobj(src, f))
+    return path
 
 
 def recover_dir(final: Path) -> Path:

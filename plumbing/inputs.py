@@ -92,6 +92,22 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
                         f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
 
 
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object in `path` (a run's record, a model's config), or a ValueError that says in a
+    few words why it is none: unreadable, not JSON, nested too deeply to read, not an object."""
+    try:
+        obj = json.loads(Path(path).read_bytes())
+    except OSError as e:
+        raise ValueError(e.strerror or str(e)) from None
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+    except ValueError as e:             # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(str(e).splitlines()[0][:100] if str(e) else type(e).__name__) from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
 def count_lines(path: str | Path) -> int:
     """Lines of a file, read as bytes (any encoding, any size)."""
     with open(path, "rb") as f:

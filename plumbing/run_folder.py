@@ -28,7 +28,7 @@ from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, script_name
-from plumbing.inputs import model_folder_problem
+from plumbing.inputs import model_folder_problem, read_json_object
 from plumbing.ranks import barrier, world
 
 try:
@@ -216,14 +216,10 @@ def read_record(path: Path, remedy: str = "Put the file back, or train the run a
     """A JSON object of the run's record (args.json, run.json, a stage's DONE.json), or one line
     that names it as damaged, and what to do (`remedy`)."""
     try:
-        record = json.loads(path.read_bytes())
-        why = "not an object of settings"
-    except (OSError, ValueError) as e:            # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        record, why = None, str(e).splitlines()[0][:100] if str(e) else type(e).__name__
-    if not isinstance(record, dict):
-        raise UserError(f"{path}: cut short or damaged ({why}), and left as it is: what this run was cannot "
+        return read_json_object(path)
+    except ValueError as e:
+        raise UserError(f"{path}: cut short or damaged ({e}), and left as it is: what this run was cannot "
                         f"be checked against it. {remedy}")
-    return record
 
 
 @functools.lru_cache(maxsize=4)
