@@ -49,17 +49,17 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, export, flags, inputs, run_folder
+from plumbing import downloads, export, flags, inputs
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
-from plumbing.errors import UserError
+from plumbing.errors import NothingToDo, UserError
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
 from plumbing.flags import arg, select_rows
 from plumbing.flags import parse_args as parse_args
 from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
 from plumbing.progress import progress
 from plumbing.ranks import barrier, world
-from plumbing.run_folder import RunFolder, open_run, write_json
+from plumbing.run_folder import RunFolder, write_json
 
 # =====================================================================================
 # Flags: one @dataclass Args per script becomes argparse flags with help and source
@@ -107,14 +107,9 @@ class TrainArgs:
     row_free: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
-        """The flags on their own, before any file is read: ranges, the default --output_dir,
-        then rules() between flags. common.start then checks the files and the encoder."""
+        """The flags on their own, before any file is read: ranges, then rules() between flags.
+        common.start then checks the files and the encoder."""
         flags.check_ranges(self)
-        if not self.output_dir:
-            self.output_dir = flags.default_output_dir(self)
-        if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
-            raise UserError(f"--output_dir {self.output_dir}: is a file; it must be a folder (the run "
-                            f"folder). Pass a new folder's path, or that of a run to --resume.")
         if self.epochs == 0 and self.max_steps == 0:
             raise UserError("--epochs 0: train at least one epoch, or give --max_steps N to train "
                             "N steps whatever the epochs.")
@@ -683,11 +678,11 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 def start(args: TrainArgs) -> torch.device:
     """Before a script loads a model: torchrun's process group; every flag, then every file checked
     before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (args.json, run.json), and
-    named on stderr."""
+    on the data settled; the seed; the run folder, held, with its record (args.json, run.json,
+    code/), and named on stderr. A --resume of a run that had finished shows its figures and stops."""
     device = init_distributed()
     args.check()                                    # the flags on their own
-    run_folder.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
+    run = RunFolder.named(args)                     # --output_dir, or the default for these flags and code
     if world()[0] == 0:                             # the default data, into data/ on first use
         downloads.on_first_use(args.data, args.sts_dir, check_sts)
     barrier()
@@ -703,12 +698,14 @@ def start(args: TrainArgs) -> torch.device:
                         f"Pass --max_len {positions} or less.")
     args.settle(rows)
     seed_everything(args.seed)
-    open_run(args)          # held by this process; its record written, or --resume held to it
+    run.open()              # held by this process; its record written, or --resume held to it
     if world()[0] == 0:     # the default folder's name is long: where the run goes, said once
         what = ("--resume: the run goes on there from its last checkpoint" if args.resume else
                 "the flags in args.json, the log in metrics.jsonl; last/ at each evaluation, best/ at "
                 "the best STS-B dev")
         print(f"run folder: {args.output_dir} ({what})", file=sys.stderr)
+    if args.resume and (figures := run.finished()) is not None:
+        report_finished(args, run, figures)
     return device
 
 
@@ -819,13 +816,13 @@ def train_step(model: Callable, batch: dict, opt, sched, max_grad_norm: float, d
 # =====================================================================================
 
 def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
-          paper_rows: list[PaperRow] = (), should_stop: Callable[[int, float], bool] | None = None,
+          paper_rows: list[PaperRow] = (), should_stop: Callable[[int, torch.Tensor], bool] | None = None,
           final_eval: bool = True) -> dict:
     """Train `model` into --output_dir, keeping the best model.encoder (+ model.mlp for the `cls`
     pooler) by STS-B dev; at the end the 7 tasks, beside the `paper_rows` that the flags select.
     model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch = {column:
-    {"input_ids", "attention_mask"}}. should_stop(step, mean loss since its last call), called
-    every should_stop.every steps (default: at evaluations), ends training when it returns
+    {"input_ids", "attention_mask"}}. should_stop(step, loss), asked after every step (rcl.py's
+    early stop; it keeps its own state, which a checkpoint keeps), ends training when it returns
     True; the run is evaluated and checkpointed at that step. What a checkpoint keeps, which
     model is best and when to stop are decided here; RunFolder only writes and reads them."""
     rank, world_size = world()
@@ -844,21 +841,20 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
-    run = RunFolder(args, (model.encoder, tokenizer, pooler, mlp))
-    # the loop's state: the last evaluation, the best, should_stop's verdict and the loss since it last looked
-    step, dev, best, best_step, stopped, since = 0, None, -math.inf, 0, False, [0.0, 0]
-    if args.resume and (ckpt := run.load_last()) is not None:     # this run's last/: data only, checked
+    run, saved = RunFolder.of(args), (model.encoder, tokenizer, pooler, mlp)
+    step, dev, best, best_step, stopped = 0, None, -math.inf, 0, False      # the loop's state
+    parts = {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop}  # what last/ keeps
+    if args.resume and (ckpt := run.load_last()) is not None:     # this run's last/: verified, data only
         with run.restoring():                                      # a state that does not fit: one line
-            for name, part in (("model", model), ("opt", opt), ("sched", sched)):
-                part.load_state_dict(ckpt[name])
-            if hasattr(should_stop, "load_state_dict") and ckpt.get("should_stop") is not None:
-                should_stop.load_state_dict(ckpt["should_stop"])
+            for name, part in parts.items():
+                if hasattr(part, "load_state_dict"):               # should_stop: rcl.py's EarlyStop
+                    part.load_state_dict(ckpt[name])
             torch.set_rng_state(ckpt["rng_cpu"])
             if torch.cuda.is_available() and ckpt.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(ckpt["rng_cuda"])
-            step, dev, best, best_step = ckpt["step"], ckpt["dev"], ckpt["best"], ckpt["best_step"]
-            stopped, since = bool(ckpt.get("stopped_early")), list(ckpt.get("since_check") or [0.0, 0])
-        run.resumed(ckpt)                  # best/ checked (or saved again); the log cut back to last/'s
+            step, dev, best, best_step, stopped = (ckpt[k] for k in ("step", "dev", "best", "best_step",
+                                                                     "stopped_early"))
+        run.resumed(ckpt, saved)           # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
     with progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step) as bar:
         while step < total and not stopped:
@@ -869,10 +865,7 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
             step += 1
             meter.add(loss, stats)
             bar.update(1)
-            if should_stop is not None:                     # rcl.py's early stop
-                since = [since[0] + loss, since[1] + 1]                    # on the device: no wait
-                if step % getattr(should_stop, "every", args.eval_every) == 0 or step == total:
-                    stopped, since = bool(should_stop(step, float(since[0]) / since[1])), [0.0, 0]
+            stopped = should_stop is not None and should_stop(step, loss)  # rcl.py's early stop
             evaluate_now = step % args.eval_every == 0 or step == total or stopped
             if step % args.log_every == 0 or evaluate_now:
                 if not meter.finite():
@@ -886,23 +879,22 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
                 best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
                 dev["best_stsb_dev"] = best
                 run.write(dev)
-                run.save_last({"model": model.state_dict(), "opt": opt.state_dict(),
-                               "sched": sched.state_dict(), "step": step, "dev": dev, "best": best,
-                               "best_step": best_step,
-                               "stopped_early": stopped, "since_check": [float(since[0]), since[1]],
-                               "should_stop": getattr(should_stop, "state_dict", lambda: None)(),
-                               "rng_cpu": torch.get_rng_state(), "run": run.identity,
-                               "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+                run.save_last({**{k: v.state_dict() for k, v in parts.items() if hasattr(v, "state_dict")},
+                               "step": step, "dev": dev, "best": best, "best_step": best_step,
+                               "stopped_early": stopped, "rng_cpu": torch.get_rng_state(),
+                               "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                               "run": run.identity})
                 if best_step == step:
-                    run.save_best(dev)
-                bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev {dev['sickr_dev']:.2f}  "
-                          f"(best {best:.2f} at step {best_step})", file=sys.stderr)
+                    run.save_best(dev, saved)
+                bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev "
+                          f"{dev['sickr_dev']:.2f}  (best {best:.2f} at step {best_step})", file=sys.stderr)
             if evaluate_now:
                 barrier()                                   # every rank waits for rank 0's checkpoint
     result = {"best_dev": best, "best_step": best_step, "steps": step, "total": total, "test": None,
               "stopped_early": stopped and step < total, "last_dev": (dev or {}).get("stsb_dev")}
-    if final_eval and rank == 0:
-        result["test"] = final_report(run.out / "best", args, pooler, paper_rows)
+    if final_eval and rank == 0:                        # best/ shown to be this run's before it loads
+        result["test"] = final_report(run.verified_best(best_step, best), args, pooler, paper_rows)
+        run.drop_last()                                 # finished: last/ only served to continue it
     barrier()
     return result
 
@@ -912,26 +904,46 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
     uniformity (with --eval_untrained, the untrained --model too, read off with the same pooler),
     print them beside the paper's rows that the flags select, keep all of it (with the pooler:
     tools/compare.py labels the run with it) in best/test_metrics.json; then say what to run next."""
-    if problem := inputs.model_folder_problem(best_dir):         # best/ deleted or damaged meanwhile
-        raise UserError(f"{best_dir}: {problem}. This run's best model is lost: train the run again in "
-                        f"another --output_dir.")
     res = final_figures(saved_encoder(best_dir, pooler), args.sts_dir, "final evaluation of best/")
-    untrained = None
-    if args.eval_untrained:
-        # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
-        # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
-        # random draw, a seed's rather than the encoder's
-        name = Path(args.model).name or args.model
-        label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
-        untrained = {"label": label, "model": args.model, "pooler": pooler,
-                     **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
     picked, note = select_rows(args, list(paper_rows))
-    dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
-    print(paper_report(res, picked, note, dev, untrained))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
     kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
-    if untrained:
-        kept["untrained"] = untrained
-    write_json(best_dir / "test_metrics.json", kept)
-    print(export.what_next(best_dir, args.model, pooler, args.sts_dir), file=sys.stderr)
+    if args.eval_untrained:
+        kept["untrained"] = untrained_figures(args, pooler)
+    report(best_dir, args, kept)
     return res
+
+
+def untrained_figures(args: TrainArgs, pooler: str) -> dict:
+    """final_figures of the untrained --model, read off with the run's pooler, labelled."""
+    # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
+    # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
+    # random draw, a seed's rather than the encoder's
+    name = Path(args.model).name or args.model
+    label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
+    return {"label": label, "model": args.model, "pooler": pooler,
+            **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
+
+
+def report(best_dir: Path, args: TrainArgs, kept: dict, write: bool = True) -> None:
+    """Print a run's final figures (`kept`: best/test_metrics.json) beside its paper rows and the
+    untrained encoder's, keep them, and say what to run next."""
+    picked = [(r["label"], PaperRow(**{k: v for k, v in r.items() if k != "label"}))
+              for r in kept["paper_rows"]]
+    dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
+    print(paper_report(kept, picked, kept["paper_note"], dev, kept.get("untrained")))
+    if write:
+        write_json(best_dir / "test_metrics.json", kept)
+    print(export.what_next(best_dir, args.model, kept["pooler"], args.sts_dir), file=sys.stderr)
+
+
+def report_finished(args: TrainArgs, run: RunFolder, kept: dict) -> None:
+    """--resume of a run that had finished: nothing to train. Its figures again, as kept (with
+    --eval_untrained, the untrained encoder's beside them, evaluated now), then stop."""
+    if world()[0] == 0:
+        new = args.eval_untrained and "untrained" not in kept
+        if new:
+            kept["untrained"] = untrained_figures(args, kept["pooler"])
+        report(run.out / "best", args, kept, write=new)
+    raise NothingToDo(f"{run.out} had finished: nothing to train; the figures above are the ones it kept in "
+                      f"{run.out / 'best' / 'test_metrics.json'}.")

@@ -180,27 +180,32 @@ def row_entropy(q: torch.Tensor, ind: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 class EarlyStop:
-    """App. A: stop an entropy model once its loss has not decreased for `patience` checks;
-    common.train calls it every `every` steps with the mean training loss over them (and keeps
-    its state in last/). NOTE(ours): the paper's "3 steps" read as 3 checks (as HF's
-    EarlyStoppingCallback counts patience): 3 noisy batches without a new low would stop a model
-    after about 6 steps, a near-copy of its start. The training loss: no held-out pairs."""
+    """App. A: stop an entropy model once its loss has not decreased for `patience` checks, one
+    every `every` steps, of the mean training loss since the last one; common.train asks it after
+    every step and keeps its state in last/. NOTE(ours): the paper's "3 steps" read as 3 checks (as
+    HF's EarlyStoppingCallback counts patience): 3 noisy batches without a new low would stop a
+    model after about 6 steps, a near-copy of its start. The training loss: no held-out pairs."""
 
     def __init__(self, patience: int, every: int):
         self.patience, self.every, self.best, self.since = patience, every, math.inf, 0
+        self.sum, self.steps = 0.0, 0           # the loss since the last check (a tensor: no wait)
 
-    def __call__(self, step: int, loss: float) -> bool:
-        if loss < self.best:
-            self.best, self.since = loss, 0
+    def __call__(self, step: int, loss: torch.Tensor) -> bool:
+        self.sum, self.steps = self.sum + loss, self.steps + 1
+        if step % self.every:
+            return False
+        mean, self.sum, self.steps = float(self.sum) / self.steps, 0.0, 0
+        if mean < self.best:
+            self.best, self.since = mean, 0
         else:
             self.since += 1
         return self.since >= self.patience
 
     def state_dict(self) -> dict:
-        return {"best": self.best, "since": self.since}
+        return {"best": self.best, "since": self.since, "sum": float(self.sum), "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best, self.since = state["best"], state["since"]
+        self.best, self.since, self.sum, self.steps = (state[k] for k in ("best", "since", "sum", "steps"))
 
 
 def early_stop(patience: int, every: int) -> EarlyStop | None:

@@ -8,6 +8,7 @@ every file a run keeps."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import shutil
@@ -82,10 +83,14 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     """Write a file through a temporary name beside it (`write(f)` fills it), synced, then renamed
     into place: a kill leaves the old file or the new one; a failed write leaves no temporary file;
     a link at either name is replaced, not written through, and another name of the old file (a hard
-    link) keeps the old content."""
+    link) keeps the old content. The temporary name is this process's own (ranks under torchrun may
+    write one file at once); one that a killed process left is removed."""
     path = Path(path)
+    for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):    # a killed writer's leftover
+        if not alive(left.name.split(".")[-2]):
+            left.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)                  # a kill's leftover, or a link planted there
+    tmp.unlink(missing_ok=True)                  # a link planted there
     try:
         with open(tmp, "xb", opener=no_follow) as f:
             write(f)
@@ -95,6 +100,19 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def alive(pid: str) -> bool:
+    """Whether process `pid` (a temporary file's writer) still runs; unknown (not POSIX): yes."""
+    if os.name != "posix" or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -5,6 +5,7 @@ whatever happens."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import threading
@@ -13,24 +14,10 @@ from typing import Any, Callable
 import torch
 
 from plumbing import interrupts, run_folder
-from plumbing.errors import UserError, WriteFailed
+from plumbing.errors import NothingToDo, UserError, WriteFailed
 from plumbing.progress import Screen
+from plumbing.ranks import world
 from plumbing.run_folder import release_run_folders
-
-
-def after_a_stop() -> str:
-    """What run_main's line after a signal says to run: --resume once start() has recorded the run
-    (args.json: --resume accepts it), else the same command (a --resume stopped that early changed
-    nothing in its folder; a new run's --resume would be refused)."""
-    run = run_folder.recorded()
-    if run is not None:
-        return (f"What was already written in {run} is kept; the same command plus --resume "
-                f"continues the run (from its last checkpoint, if one was written).")
-    if run_folder.resuming is not None:
-        return (f"Nothing in {run_folder.resuming} was changed yet. Run the same command again: it "
-                f"continues the run.")
-    return "The run was not recorded yet: there is nothing for --resume to continue. Run the same command " \
-        "again."
 
 
 def say(line: str) -> None:
@@ -41,32 +28,48 @@ def say(line: str) -> None:
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)`, and end in one line: a UserError (exit 2) or a failed write (4), the GPU
-    out of memory (3), Ctrl-C (130), SIGTERM (143) or SIGHUP (129), each with what to do next; held
-    folders let go. A signal whose exception was dropped on the way still ends the command here."""
-    run_folder.recorded_run = run_folder.resuming = None       # common.start records this command's run
+    out of memory (3), Ctrl-C (130), SIGTERM (143) or SIGHUP (129), each with what to do next, said
+    once under torchrun (rank 0's); a rank stopped because another one ended says so; the run
+    folder let go. A signal whose exception was dropped on the way still ends the command here."""
+    release_run_folders()                                  # common.start names this command's run
     handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
     stderr, sys.stderr = sys.stderr, Screen(sys.stderr)
     try:
         main(sys.argv[1:] if argv is None else argv)
         interrupts.stop_if_signalled()
+    except NothingToDo as e:
+        say(str(e))
     except UserError as e:
-        say(f"error: {e}")
-        sys.exit(2)
+        end(f"error: {e}", 2)
     except WriteFailed as e:
-        kept = run_folder.checkpoint_kept(run_folder.recorded_run)
-        say(f"error: {e.line(kept, run_folder.next_command())}")
-        sys.exit(4)
+        run = run_folder.current()
+        end(f"error: {e.line(run.kept(), run.next_command()) if run else e}", 4)
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, interrupts.Stopped) else signal.SIGINT
-        say(f"\n{interrupts.WHAT[signum]}. {after_a_stop()}")
-        sys.exit(128 + signum)
+        run = run_folder.current()
+        again = run.after_a_stop() if run else ("The run was not recorded yet: there is nothing for "
+                                                "--resume to continue. Run the same command again.")
+        end(f"\n{interrupts.WHAT[signum]}. {again}", 128 + signum)
     except torch.cuda.OutOfMemoryError:
-        say("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch "
-            "over more GPUs with `torchrun --nproc_per_node K ...` (the contrastive loss still sees "
-            "the whole batch).")
-        sys.exit(3)
+        end("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch over "
+            "more GPUs with `torchrun --nproc_per_node K ...` (the contrastive loss still sees the whole "
+            "batch).", 3)
+    except OSError as e:            # what could not be read or opened, whatever the reason
+        end(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
+            f"{'. Raise the limit: ulimit -n 4096' if e.errno in (errno.EMFILE, errno.ENFILE) else ''}.", 2)
+    except torch.distributed.DistError if torch.distributed.is_available() else ():
+        if world()[0] == 0:
+            raise
+        end(f"rank {world()[0]}: stopped, because another process of this run ended (its line says why).", 1)
     finally:
         sys.stderr = stderr
         release_run_folders()
         if handlers:
             interrupts.give_back(handlers)
+
+
+def end(line: str, status: int) -> None:
+    """The command's last line (rank 0's alone under torchrun, but a rank's own stop), and its exit status."""
+    if world()[0] == 0 or line.startswith("rank "):
+        say(line)
+    sys.exit(status)

@@ -9,10 +9,15 @@ import contextlib
 import errno
 import os
 import re
+from typing import Callable
 
 
 class UserError(Exception):
     """A problem with the user's input (a file, a flag): printed as one clear message, exit 2."""
+
+
+class NothingToDo(Exception):
+    """A command with nothing left to do (a finished run resumed): its line, exit status 0."""
 
 
 class WriteFailed(Exception):
@@ -64,10 +69,11 @@ def refused_write(e: BaseException) -> tuple[int | None, str] | None:
 
 
 @contextlib.contextmanager
-def writing(what: str, kept: str | None = None, then: str | None = None):
+def writing(what: str, kept: str | Callable[[], str] | None = None, then: str | None = None):
     """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
-    intact (`kept`) and what next (`then`), the last two filled in by the run folder where the
-    writer leaves them out. Any other exception passes as it is."""
+    intact (`kept`, or a function that says it, asked only then) and what next (`then`), the last
+    two filled in by the run folder where the writer leaves them out. Any other exception passes
+    as it is."""
     try:
         yield
     except Exception as e:
@@ -75,4 +81,5 @@ def writing(what: str, kept: str | None = None, then: str | None = None):
         if refused is None:
             raise
         code, reason = refused
+        kept = kept() if callable(kept) else kept
         raise WriteFailed(what, reason, REMEDY.get(code, "free space, a writable place"), kept, then) from e

@@ -1,16 +1,24 @@
-"""The run folder (--output_dir): one process holds it; its record (args.json, run.json: the flags
-and a fingerprint of the data) is written once and --resume is held to it; metrics.jsonl is only
-appended to; last/ is the one commit point (the checkpoint train() builds, with a checksum beside
-it, refused if it carries another run's identity); best/ is the model train() chose; a run that
-trains several models (rcl.py) keeps each in a stage of its own. The folder holds only what its
-run wrote: an entry that is a link (or a pipe, a device) is refused, nothing is written through
-one. Every write ends, if the system refuses it, in one line that names what is intact."""
+"""The run folder (--output_dir). common.start names it (RunFolder.named: the flag, or the default
+folder for these flags and this code) and opens it last (open: held by this process, checked, its
+record written or --resume held to it); train() then keeps its log, last/ and best/ there through
+RunFolder.of. The record: args.json (the flags), run.json (the script, the data's fingerprint and
+the code's: the script and common.py), code/ (copies of both as the run started). Four rules:
+1. A run writes only into a folder it made, or an empty one, or its own run folder (its run.json,
+   and nothing but what a run writes): any other folder is refused before anything is written;
+   nothing is written in place while another name shares the file (a hard link).
+2. A refused command changes nothing on disk: every check comes before the first write.
+3. Nothing is loaded before it is verified: last/state.pt's checksum before torch.load; a
+   checkpoint, or a best/, that cannot be shown to be this run's (its identity: script, stage,
+   flags, data, code) is refused with what to do.
+4. A write the system refuses ends in one line that names what is intact (errors.writing).
+A run that trains several models (rcl.py) keeps each in a stage of its own (Stage)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -23,203 +31,64 @@ from typing import Any
 
 import torch
 
-from plumbing import atomic_writes, interrupts
-from plumbing.atomic_writes import atomic_dir, recover_dir, sha256_file, sync_to_disk, write_text_atomic
+from plumbing import interrupts
+from plumbing.atomic_writes import (
+    atomic_dir,
+    no_follow,
+    recover_dir,
+    sha256_file,
+    sync_to_disk,
+    unshared,
+    write_text_atomic,
+)
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
-from plumbing.flags import NOT_TRAINING, script_name
+from plumbing.flags import NOT_TRAINING, default_output_dir, script_name
 from plumbing.inputs import model_folder_problem, read_json_object
 from plumbing.ranks import barrier, world
 
 try:
-    import fcntl  # POSIX: the run-folder lock (hold_run_folder)
-except ImportError:                    # Windows
+    import fcntl  # POSIX: the run-folder lock
+except ImportError:                    # Windows: no lock
     fcntl = None
 
 CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 DONE = "DONE.json"              # a stage's summary, written once the stage is complete
 LOCK = "run.lock"               # names the process that holds the folder
-
-# the run folder whose record (args.json) common.start wrote for this command, if any: what a
-# failed write or a Ctrl-C says is intact and what to run next
-recorded_run: Path | None = None
-# the run folder a --resume command goes on with, until its record is checked: a stop before
-# then changed nothing in it
-resuming: Path | None = None
+CODE = "code"                   # copies of the files that shape training, as the run started
+FORMAT = 2                      # this version's record and checkpoints: the code recorded, a checksum
+# what a run writes into its folder, and into a stage's; their hidden temporaries are named after them
+RUN_ENTRIES = {"args.json", "run.json", "metrics.jsonl", LOCK, CODE, "last", "best"}
+STAGE_ENTRIES = {"metrics.jsonl", "last", "best", "end", DONE}
+TEMPORARY = re.compile(r"\.(.+?)(\.old|\.tmp-\w+|\.\d+\.tmp)")
+CHECKPOINT_KEYS = {"model", "opt", "sched", "step", "best", "best_step", "dev", "log_bytes", "rng_cpu", "run"}
 NO_CHECKPOINT = "no checkpoint was written yet"
 
-
-def intact(step: int, last: Path) -> str:
-    return f"the last complete checkpoint, step {step}, is intact in {last}"
-
-
-def checkpoint_kept(out: str | Path | None) -> str:
-    """What a failed write leaves intact in run folder `out`: last/'s step (read without its
-    tensors), or that no checkpoint was written yet."""
-    if out is None or not (last := Path(out) / "last" / "state.pt").is_file():
-        return NO_CHECKPOINT
-    try:
-        step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
-    except Exception:
-        return f"{last.parent} is as it was"
-    return intact(step, last.parent)
-
-
-def recorded() -> Path | None:
-    """The run folder this command recorded, once its record (args.json) is there: the folder
-    --resume accepts. None before (--resume would be refused: the same command starts the run)."""
-    return recorded_run if recorded_run is not None and (recorded_run / "args.json").is_file() else None
-
-
-def next_command() -> str:
-    """What to run once a command stopped by a failed write can go on."""
-    return "the same command plus --resume continues" if recorded() else "the same command starts the run"
-
+# the run folder this command named (common.start), by its resolved path: what a stop or a failed
+# write says is intact, what train() writes into; its lock lives with it
+_named: dict[str, RunFolder] = {}
 
 
 # -------------------------------------------------------------------------------------
-# One process a run folder; the run's record
+# What makes a run this run: its code, its data, its flags
 # -------------------------------------------------------------------------------------
 
-# the run folders this process holds: resolved path -> (the folder's descriptor, the open lock file);
-# their flocks live with them
-held_locks: dict[str, tuple[int, Any]] = {}
+def code_files(args: Any) -> dict[str, Path]:
+    """The files that shape what a run trains, by name: its script and common.py. (plumbing/ keeps
+    runs safe and fast; an edit there changes no figure.)"""
+    script = Path(sys.modules[type(args).__module__].__file__)
+    common = Path(sys.modules["common"].__file__)
+    return {script.name: script, common.name: common}
 
 
-def _in_use(folder: str | Path) -> UserError:
-    """The line for a folder another process holds, named by run.lock (read without following a link)."""
-    try:
-        with open(Path(folder) / LOCK, opener=atomic_writes.no_follow) as f:
-            holder = f.read().strip()
-    except (OSError, ValueError):
-        holder = ""
-    return UserError(f"--output_dir {folder} is in use by {holder or 'another process'}. One process at a "
-                     f"time trains in a run folder: wait for that one to end (or stop it), then continue "
-                     f"the run with --resume; or choose another --output_dir.")
+def code_of(args: Any) -> dict[str, str]:
+    """The SHA-256 of each file of code_files()."""
+    return {name: sha256_file(path) for name, path in code_files(args).items()}
 
 
-def hold_run_folder(folder: str | Path) -> None:
-    """Take `folder` for this process: a flock on the folder itself and on <folder>/run.lock (which
-    names this process), both dropped by the system when the process ends however it ends (kill -9
-    too), so a dead run blocks no --resume, and a run.lock deleted under a live run frees nothing.
-    A second process stops here, told which process holds it; a folder that cannot be written, or
-    whose run.lock is a link, refuses the command. The stages inside a run folder are held with it.
-    NOTE(ours): no fcntl (Windows), no lock; a file system that cannot lock a folder (NFS) is held
-    by run.lock alone."""
-    key = str(Path(folder).resolve())
-    if key in held_locks or fcntl is None:
-        return
-    unwritable = f"--output_dir {folder}: cannot be written ({{}}). Choose a folder you can write to."
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError as e:
-        raise UserError(unwritable.format(e.strerror or e))
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use(folder) from None
-        except OSError:
-            pass                           # a folder this file system cannot lock: run.lock alone
-        if problem := strange_entry(Path(folder) / LOCK):
-            raise problem
-        try:                               # "a+": a process that loses leaves the holder's line
-            f = open(Path(folder) / LOCK, "a+", opener=atomic_writes.no_follow)
-        except OSError as e:
-            raise UserError(unwritable.format(e.strerror or e))
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            raise _in_use(folder) from None
-        try:
-            f.truncate(0)
-            f.write(f"process {os.getpid()} ({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
-            f.flush()
-        except OSError as e:            # a full disk: the lock's line is the run's first write
-            with contextlib.suppress(OSError):
-                (Path(folder) / LOCK).unlink()        # held: no other process has its line there
-            with contextlib.suppress(OSError):
-                f.close()
-            raise UserError(unwritable.format(e.strerror or e))
-    except BaseException:
-        os.close(fd)
-        raise
-    held_locks[key] = (fd, f)
-
-
-def release_run_folders(*folders: str | Path) -> None:
-    """Let go of the given run folders (all, with none given): a process training several runs."""
-    for k in [str(Path(f).resolve()) for f in folders] if folders else list(held_locks):
-        if k in held_locks:
-            fd, f = held_locks.pop(k)
-            f.close()                   # closing drops the flocks
-            os.close(fd)
-
-
-def strange_entry(path: Path) -> UserError | None:
-    """The refusal of an entry of a run folder that its run cannot have written (a symbolic link,
-    a pipe, a device), or None: a run writes nothing through a link, and trusts nothing it did not
-    write."""
-    if not os.path.lexists(path):
-        return None
-    mode = os.lstat(path).st_mode
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    what = f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
-        "not a file or a folder (a pipe, a device or a socket)"
-    folder = next((p for p in path.parents if str(p.resolve()) in held_locks), path.parent)
-    return UserError(f"--output_dir {folder}: {path} is {what}. A run folder holds only what its own "
-                     f"run wrote, and a run never writes through a link: remove it (or put a copy of "
-                     f"what it points to in its place), or choose another --output_dir.")
-
-
-def prepare_output_dir(output_dir: str | Path, resume: bool) -> Path:
-    """Hold the run folder (a second process stops here); refuse a folder with an entry that is a
-    link, an earlier run's folder unless --resume, and a folder that cannot be written."""
-    out = Path(output_dir)
-    new = not out.exists()
-    try:
-        hold_run_folder(out)
-    except UserError:
-        if new:                                     # the folder this call made, if it is empty
-            with contextlib.suppress(OSError):
-                out.rmdir()
-        raise
-    started = (out / "args.json").exists() or (out / "metrics.jsonl").exists()
-    stages = any(out.glob("*/metrics.jsonl")) or any(out.glob(f"*/{DONE}"))      # rcl.py's entropy models
-    linked = next((e for root, dirs, files in os.walk(out) for name in dirs + files
-                   if (e := strange_entry(Path(root) / name))), None)
-    if linked is not None:
-        error = linked
-    elif not resume and ((out / "metrics.jsonl").exists() or (out / "best").exists() or stages):
-        error = UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                          f"choose another --output_dir (or delete the folder) to start afresh.")
-    # a run stopped before its first checkpoint resumes from step 0 (train() empties its log)
-    elif resume and not (out / "last" / "state.pt").exists() and not (out / ".last.old").exists() \
-            and not started:
-        error = UserError(f"--resume: no checkpoint to resume in {out / 'last'}. Run without "
-                          f"--resume to start, or point --output_dir at the earlier run.")
-    elif not os.access(out, os.W_OK):
-        error = UserError(f"--output_dir {out}: cannot be written. Choose a folder you can write to.")
-    else:
-        return out
-    if new:                                         # the folder this call made for its lock
-        release_run_folders(out)
-        shutil.rmtree(out, ignore_errors=True)
-    raise error
-
-
-def read_record(path: Path, remedy: str = "Put the file back, or train the run again in another "
-                                          "--output_dir.") -> dict:
-    """A JSON object of the run's record (args.json, run.json, a stage's DONE.json), or one line
-    that names it as damaged, and what to do (`remedy`)."""
-    try:
-        return read_json_object(path)
-    except ValueError as e:
-        raise UserError(f"{path}: cut short or damaged ({e}), and left as it is: what this run was cannot "
-                        f"be checked against it. {remedy}")
+def code_id(code: dict[str, str]) -> str:
+    """Six hex digits that name a version of the code (a folder's suffix, compare's label)."""
+    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:6]
 
 
 @functools.lru_cache(maxsize=4)
@@ -240,118 +109,337 @@ def training_flags(args: Any) -> dict:
     return {k: v for k, v in flags.items() if k not in (*NOT_TRAINING, "data")}
 
 
-def record_run(out: Path, args: Any) -> None:
-    """args.json (the flags) and run.json (the script, and a fingerprint of --data's content)
-    are written once, when the run starts. On --resume the command is held to them first:
-    any flag but those of NOT_TRAINING, or other data, stops it before anything is written."""
-    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    run = {"script": f"{script_name(args)}.py", "data_sha256": data_fingerprint(args.data)}
-    if args.resume and (out / "args.json").is_file():
-        then = read_record(out / "args.json")
-        then_run = read_record(out / "run.json") if (out / "run.json").is_file() else {}
-        diffs = [f"  --{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in flags.items()
-                 if k not in NOT_TRAINING and then.get(k) != v]
-        if then_run.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:
-            diffs.append(f"  --data {args.data}: its content is not the data the run started with")
-        if then_run.get("script", run["script"]) != run["script"]:
-            diffs.append(f"  the script: the run is {then_run['script']}'s, this command {run['script']}")
-        if diffs:
-            raise UserError(f"--resume: this command would train another run than the one in {out}, "
-                            f"which is left as it is:\n" + "\n".join(diffs) + "\nTo train with these "
-                            "flags, start a new run: leave out --resume and --output_dir (the default "
-                            "folder is named after the flags) or give another --output_dir.")
-        if then_run:
-            return
-        # a folder from before run.json: its data cannot be checked; from now on it is held to these
-        print(f"note: {out} has no run.json (written by an earlier version): --data {args.data} cannot be "
-              f"checked against the data the run started with; its fingerprint is recorded now",
-              file=sys.stderr)
-        with writing(str(out / "run.json"), checkpoint_kept(out)):
-            write_text_atomic(out / "run.json", json.dumps(run, indent=2))
-        return
-    # run.json first, and no args.json of an earlier start left beside it: a folder whose args.json
-    # --resume accepts always holds the fingerprint of the data that run trained on
-    (out / "args.json").unlink(missing_ok=True)
-    for name, record in (("run.json", run), ("args.json", flags)):
-        with writing(str(out / name), NO_CHECKPOINT, "the same command starts the run"):
-            write_text_atomic(out / name, json.dumps(record, indent=2))
+def read_record(path: Path, remedy: str = "Put the file back, or train the run again in another "
+                                          "--output_dir.") -> dict:
+    """A JSON object of the run's record (args.json, run.json, a stage's DONE.json), or one line
+    that names it as damaged, and what to do (`remedy`)."""
+    try:
+        return read_json_object(path)
+    except ValueError as e:
+        raise UserError(f"{path}: cut short or damaged ({e}), and left as it is: what this run was cannot "
+                        f"be checked against it. {remedy}")
 
 
-def open_run(args: Any) -> None:
-    """common.start's last step, on rank 0: hold --output_dir, check or write its record, put back
-    what a kill between two renames left; every rank then waits. From here a failed write or a
-    Ctrl-C names this folder (recorded_run)."""
-    if world()[0] == 0:
-        out = prepare_output_dir(args.output_dir, args.resume)
-        record_run(out, args)
-        recover_dir(out / "best")
-        recover_dir(out / "last")
-    barrier()
-    global recorded_run
-    recorded_run = Path(args.output_dir)
+def recorded_code(folder: Path) -> dict | None:
+    """The code a run folder's run.json records, or None (no run there, or an earlier version's)."""
+    try:
+        code = read_json_object(folder / "run.json").get("code")
+    except ValueError:
+        return None
+    return code if isinstance(code, dict) else None
 
 
-def held_to_record(folder: Path) -> bool:
-    """Whether `folder` is the run this command recorded (its flags held to args.json), or a stage of it."""
-    run = recorded()
-    return run is not None and run.resolve() in (folder.resolve(), folder.resolve().parent)
-
-
-def run_identity(args: Any) -> dict:
-    """What makes a run this run, which train() puts into each checkpoint: its script, its stage
-    (rcl.py's entropy models: the folder's name inside the recorded run; "" for the run itself),
-    the flags that say what it trains, and its data's fingerprint."""
-    out, run = Path(args.output_dir).resolve(), recorded_run
-    stage = out.name if run is not None and out.parent == run.resolve() else ""
-    return {"script": f"{script_name(args)}.py", "stage": stage, "data_sha256": data_fingerprint(args.data),
-            "flags": training_flags(args)}
-
-
-def kept_in(folder: Path) -> str:
-    """What a failed write in `folder` leaves intact: its last checkpoint and, for a stage of the
-    recorded run, the stages already complete beside it."""
-    kept = checkpoint_kept(folder)
-    if recorded_run is None or folder.parent != recorded_run:
-        return kept
-    kept += f" in {folder.name}" if kept == NO_CHECKPOINT else ""
-    finished = [d.name for d in sorted(folder.parent.iterdir()) if (d / DONE).is_file()]
-    return kept + (f"; finished and kept: {', '.join(finished)}" if finished else "")
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """A small JSON file of the run, written whole or not at all; a failed write: one line."""
-    with writing(str(path)):
-        write_text_atomic(path, json.dumps(obj, indent=2))
+def another_folder(out: Path) -> Path:
+    """A folder beside `out` that does not exist yet: out-2, out-3, ..."""
+    k = 2
+    while out.with_name(f"{out.name}-{k}").exists():
+        k += 1
+    return out.with_name(f"{out.name}-{k}")
 
 
 # -------------------------------------------------------------------------------------
-# What train() keeps: the log, last/, best/
+# Rule 1: only a folder it made, an empty one, or its own
 # -------------------------------------------------------------------------------------
 
-# what every checkpoint holds, whichever version of this code wrote it
-CHECKPOINT_KEYS = {"model", "opt", "sched", "step", "best", "best_step", "dev", "log_bytes", "rng_cpu"}
+def describe(path: Path) -> str | None:
+    """What `path` is, if it is neither a file nor a folder: a run writes through no link, and
+    trusts no pipe or device in its place."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
+        "not a file or a folder (a pipe, a device or a socket)"
 
+
+def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
+    """The first entry of `folder` that no run of this project writes there, said in a few words;
+    None when every entry is one (last/ holds its two files, code/ the .py copies, a folder that
+    is not the run's own is a stage of it: rcl.py's entropy models)."""
+    for entry in sorted(folder.iterdir()):
+        name = TEMPORARY.fullmatch(entry.name)[1] if TEMPORARY.fullmatch(entry.name) else entry.name
+        if (what := describe(entry)) is not None:
+            return f"{entry} is {what}"
+        inside = {"last": {"state.pt", CHECKSUM}, CODE: {p.name for p in entry.glob("*.py")}}.get(name)
+        if name in allowed and inside is not None and entry.is_dir():
+            if stray := next((p for p in sorted(entry.iterdir()) if p.name not in inside), None):
+                return f"{stray} is not a file a run writes"
+        elif name not in allowed and not (depth == 0 and entry.is_dir() and entry.name[0] != "."
+                                          and foreign_entry(entry, STAGE_ENTRIES, 1) is None):
+            return f"{entry} is not a file a run writes"
+    return None
+
+
+# -------------------------------------------------------------------------------------
+# The run folder
+# -------------------------------------------------------------------------------------
 
 class RunFolder:
-    """Where train() keeps what it decided: metrics.jsonl (appended to only), last/ (the checkpoint
-    train() builds: all --resume needs, the one commit point) and best/ (the model it chose).
-    `saved`: (encoder, tokenizer, pooler, mlp) for best/. Rank 0 writes. Each write: a signal whose
-    exception was dropped stops the run first; a write the system refuses ends it in one line."""
+    """A run's folder: the one this command named and opened (common.start), a stage inside it
+    (rcl.py's entropy models, of()), or a bare folder that train() writes into without a record
+    (a test calling train() on its own). Rank 0 writes; each write ends, if the system refuses it,
+    in one line that names what is intact (`kept`)."""
 
-    def __init__(self, args: Any, saved: tuple):
-        self.args, self.saved = args, saved
-        self.out = Path(args.output_dir)
+    def __init__(self, args: Any, out: str | Path | None = None, stage: str = ""):
+        self.args, self.out, self.stage = args, Path(out or args.output_dir), stage
         self.log = self.out / "metrics.jsonl"
         self.main = world()[0] == 0
-        self.kept = kept_in(self.out)            # what a failed write leaves intact
-        self.identity = run_identity(args)
+        self.resuming = bool(getattr(args, "resume", False))
+        self.record: dict | None = None       # run.json, once written or held to
+        self.code = code_of(args)
+        self.lock: int | None = None          # the held folder's (or its run.lock's) descriptor
+        self.step: int | None = None          # last/'s, once this process wrote or read it
+        self.fresh: Path | None = None
+
+    # --- naming and opening (common.start) -------------------------------------------------
+
+    @classmethod
+    def named(cls, args: Any) -> RunFolder:
+        """The run folder of this command: --output_dir, or runs/<script>/<the flags that differ>;
+        when that default folder holds a run of other code, the one named after this code beside it
+        (runs/simcse/default-code3f2a1c), so that an edited script and its original are two runs.
+        Named first, so that a stop before open() says what is where."""
+        code, fresh = code_of(args), None
+        if not args.output_dir:
+            base = Path(default_output_dir(args))
+            fresh = base.with_name(f"{base.name}-code{code_id(code)}")
+            mine = next((f for f in (base, fresh) if recorded_code(f) == code), None)
+            args.output_dir = str(mine or (base if not base.exists() or args.resume else fresh))
+            if args.output_dir == str(fresh) and world()[0] == 0:
+                print(f"note: {base} holds a run of other code: this one goes to {fresh}", file=sys.stderr)
+        run = cls(args)
+        run.fresh = fresh if fresh != run.out else None     # where this code would start, without --resume
+        release_run_folders()                               # an earlier command's in this process
+        _named[str(run.out.resolve())] = run
+        return run
+
+    def open(self) -> None:
+        """common.start's last step: rank 0 holds the folder (a second process stops here), checks
+        it (rules 1-3: nothing written yet), then writes the record of a new run, or, on --resume,
+        puts back what a kill between two renames left. Every rank waits."""
+        if self.main:
+            made = not os.path.lexists(self.out)
+            if made or not self.out.is_dir():
+                self.refuse_unless_ours(made)           # --resume of nothing, a file: refused, nothing made
+                self.make()
+            lock_file = not os.path.lexists(self.out / LOCK)
+            try:
+                self.hold()                             # a second process stops here
+                self.refuse_unless_ours(made)
+                self.write_record()
+            except BaseException:
+                self.release()
+                if made:
+                    shutil.rmtree(self.out, ignore_errors=True)
+                elif lock_file and self.record is None:     # hold() on a file system without folder locks
+                    (self.out / LOCK).unlink(missing_ok=True)
+                raise
+            recover_dir(self.out / "best")
+            recover_dir(self.out / "last")
+        self.record = self.record or {"code": self.code}
+        barrier()
+
+    def make(self) -> None:
+        unwritable = f"--output_dir {self.out}: cannot be written ({{}}). Choose a folder you can write to."
+        try:
+            self.out.mkdir(parents=True)
+        except OSError as e:
+            raise UserError(unwritable.format(e.strerror or e))
+
+    def hold(self) -> None:
+        """A flock on the folder itself, dropped by the system when the process ends however it
+        ends (kill -9 too), so a dead run blocks no --resume, and a run.lock deleted under a live run
+        frees nothing. A file system that cannot lock a folder (NFS) locks its run.lock instead.
+        NOTE(ours): no fcntl (Windows), no lock."""
+        if fcntl is None:
+            return
+        try:
+            self.lock = os.open(self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise self.in_use() from None
+            except OSError:
+                os.close(self.lock)
+                self.lock = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))
+                try:
+                    fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise self.in_use() from None
+        except OSError as e:
+            raise UserError(f"--output_dir {self.out}: cannot be written ({e.strerror or e}). Choose a "
+                            f"folder you can write to.")
+
+    def in_use(self) -> UserError:
+        try:
+            with open(self.out / LOCK, opener=no_follow) as f:
+                holder = f.read(500).strip()
+        except (OSError, ValueError):
+            holder = ""
+        return UserError(f"--output_dir {self.out} is in use by {holder or 'another process'}. One process "
+                         f"at a time trains in a run folder: wait for that one to end (or stop it), then "
+                         f"continue the run with --resume; or choose another --output_dir.")
+
+    def release(self) -> None:
+        if self.lock is not None:
+            os.close(self.lock)                 # closing drops the flock
+            self.lock = None
+
+    def refuse_unless_ours(self, made: bool) -> None:
+        """Rules 1 and 2: refuse, before anything is written, a folder that is not a new or empty one
+        or this run's own, and a --resume that is not this run's (flags, data, script or code)."""
+        out, elsewhere = self.out, f"choose another --output_dir, e.g. {another_folder(self.out)}"
+        if made or out.is_dir() and all(p.name == LOCK or TEMPORARY.fullmatch(p.name) for p in out.iterdir()):
+            if self.resuming:
+                raise UserError(f"--resume: no run in {out} to continue. Run without --resume to start, "
+                                f"or point --output_dir at the earlier run.")
+            return
+        if not out.is_dir() or describe(out) is not None:
+            raise UserError(f"--output_dir {out}: is a file; it must be a folder (the run folder). Pass a "
+                            f"new folder's path, or that of a run to --resume.")
+        record = out / "run.json"
+        if "code" not in read_record(record) if record.is_file() else (out / "args.json").is_file():
+            raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
+                            f"did not record its code, so this cannot be shown to be the same run; it is "
+                            f"left as it is (its best/ loads as any model). To train again, {elsewhere}.")
+        why = foreign_entry(out, RUN_ENTRIES) or ("" if (out / "run.json").is_file() else "no run.json")
+        if " link " in why:
+            raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
+                            f"a run never writes through a link: remove it (or put a copy of what it points "
+                            f"to in its place), or choose another --output_dir.")
+        if why:
+            raise UserError(f"--output_dir {out}: {why}, so it is not a run folder of this project. A run "
+                            f"writes only into a new or empty folder, or its own, so that nothing else is "
+                            f"overwritten: {elsewhere}.")
+        run, then = read_record(out / "run.json"), read_record(out / "args.json")
+        diffs = self.differences(run, then)
+        listed = "".join(f"\n  {d}" for d in diffs)
+        if not self.resuming:
+            again = f"{elsewhere} (or delete the folder)"
+            if diffs:
+                raise UserError(f"--output_dir {out} already holds another run:{listed}\nTo start this one, "
+                                f"{again}.")
+            raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
+                            f"{again} to start afresh.")
+        if diffs:
+            code = [f for f in self.code if run["code"].get(f, self.code[f]) != self.code[f]]
+            how = f"\n(`diff {out / CODE / code[0]} {code_files(self.args)[code[0]]}` shows how; put it " \
+                  f"back to continue the run)" if code else ""
+            start = f"leave out --resume: it starts in {self.fresh}" if code and self.fresh else \
+                f"start a new run: {elsewhere}"
+            raise UserError(f"--resume: this command would train another run than the one in {out}, which "
+                            f"is left as it is:{listed}{how}\nTo train this, {start}.")
+        self.record = run
+        # the second evaluation record comes after the first checkpoint was committed
+        evaluated = self.log.is_file() and self.log.read_text("latin-1").count('"stsb_dev"') > 1
+        if evaluated and not any((out / d / "state.pt").is_file() for d in ("last", ".last.old")) and \
+                self.finished() is None:
+            raise UserError(f"--resume: {out} wrote checkpoints (its log records evaluations), but "
+                            f"{out / 'last'} is gone and the run had not finished: there is nothing to "
+                            f"continue from. Train again in another --output_dir, e.g. "
+                            f"{another_folder(out)}.")
+
+    def differences(self, run: dict, then: dict) -> list[str]:
+        """How this command differs from the run recorded in `run` (run.json) and `then` (args.json)."""
+        now = json.loads(json.dumps(dataclasses.asdict(self.args), default=str))
+        diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in now.items()
+                 if k not in NOT_TRAINING and then.get(k) != v]
+        if run.get("data_sha256") != data_fingerprint(self.args.data):
+            diffs.append(f"--data {self.args.data}: its content is not the data the run started with")
+        if run.get("script") != f"{script_name(self.args)}.py":
+            diffs.append(f"the script: the run is {run.get('script')}'s, this command "
+                         f"{script_name(self.args)}.py's")
+        diffs += [f"{f}: changed since the run started (its copy: {self.out / CODE / f})" for f in self.code
+                  if run["code"].get(f, self.code[f]) != self.code[f]]
+        return diffs
+
+    def write_record(self) -> None:
+        """Who holds the folder (run.lock), then, for a new run: run.json, code/, args.json last (a
+        folder with args.json holds the whole record)."""
+        if self.lock is not None and self.lock_is_folder():
+            try:                            # a full disk: the lock's line is the run's first write
+                write_text_atomic(self.out / LOCK, f"process {os.getpid()} ("
+                                  f"{shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+            except OSError as e:
+                raise UserError(f"--output_dir {self.out}: cannot be written ({e.strerror or e}). Choose a "
+                                f"folder you can write to.")
+        if self.record is not None:
+            return
+        self.record = {"script": f"{script_name(self.args)}.py", "format": FORMAT,
+                       "data_sha256": data_fingerprint(self.args.data), "code": self.code}
+        flags = json.loads(json.dumps(dataclasses.asdict(self.args), default=str))
+        files = {"run.json": json.dumps(self.record, indent=2)}
+        files.update({f"{CODE}/{f}": p.read_text(encoding="utf-8") for f, p in code_files(self.args).items()})
+        files["args.json"] = json.dumps(flags, indent=2)
+        for name, text in files.items():
+            with writing(str(self.out / name), NO_CHECKPOINT, "the same command starts the run"):
+                (self.out / name).parent.mkdir(exist_ok=True)
+                write_text_atomic(self.out / name, text)
+
+    def lock_is_folder(self) -> bool:
+        return os.fstat(self.lock).st_ino == os.stat(self.out).st_ino
+
+    # --- a stop, a failed write: what is intact and what next --------------------------------
+
+    def after_a_stop(self) -> str:
+        if self.record is not None:
+            return (f"What was already written in {self.out} is kept; the same command plus --resume "
+                    f"continues the run (from its last checkpoint, if one was written).")
+        if self.resuming:
+            return f"Nothing in {self.out} was changed yet. Run the same command again: it continues the run."
+        return "The run was not recorded yet: there is nothing for --resume to continue. Run the same " \
+            "command again."
+
+    def kept(self) -> str:
+        """What a failed write leaves intact (kept_in), last/'s step known once written or read."""
+        return kept_in(self.out, self.step)
+
+    def next_command(self) -> str:
+        return f"the same command {'plus --resume continues' if self.record else 'starts the run'}"
+
+    def finished(self) -> dict | None:
+        """The final figures of a run that had ended (best/test_metrics.json), once best/ is shown to
+        be this run's model; None for a run that goes on."""
+        best = self.out / "best"
+        try:
+            figures, dev = (read_json_object(best / f"{name}_metrics.json") for name in ("test", "dev"))
+        except ValueError:
+            return None
+        if diffs := self.not_mine(dev.get("run")):
+            raise UserError(f"{best}: not this run's model ({', '.join(diffs[:3])}); it is left as it is. "
+                            f"Train the run again in another --output_dir.")
+        return figures
+
+    # --- what train() keeps: the log, last/, best/ ---------------------------------------------
+
+    @classmethod
+    def of(cls, args: Any) -> RunFolder:
+        """The folder train() writes into: the one this command opened, a stage inside it (its
+        identity names the stage), or a bare one."""
+        path = Path(args.output_dir).resolve()
+        for run in _named.values():
+            if path == run.out.resolve():
+                return run
+            if path.parent == run.out.resolve():
+                stage = cls(args, path, path.name)
+                stage.record = run.record
+                return stage
+        return cls(args)
+
+    @property
+    def identity(self) -> dict:
+        """What makes a run this run, which every checkpoint and best/ carry: its script, stage,
+        training flags, data and code."""
+        return {"format": FORMAT, "script": f"{script_name(self.args)}.py", "stage": self.stage,
+                "data_sha256": data_fingerprint(self.args.data), "flags": training_flags(self.args),
+                "code": self.code}
 
     def write(self, record: dict) -> None:
-        """One record of metrics.jsonl."""
+        """One record of metrics.jsonl, appended to this name's own file."""
         interrupts.stop_if_signalled()
         if self.main:
-            with writing(str(self.log), self.kept), open(self.log, "a", opener=atomic_writes.no_follow) as f:
-                f.write(json.dumps(record) + "\n")
+            with writing(str(self.log), self.kept):
+                with open(unshared(self.log), "a", opener=no_follow) as f:
+                    f.write(json.dumps(record) + "\n")
 
     def save_last(self, state: dict) -> None:
         """last/, the one commit point: `state` (train()'s checkpoint) with the log's length, the log
@@ -365,75 +453,80 @@ class RunFolder:
                 torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
             # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
             (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
-        self.kept = intact(state["step"], self.out / "last")
+        self.step = state["step"]
 
-    def save_best(self, record: dict) -> None:
-        """best/: the encoder (and MLP) as a model folder, with the flags and its dev figures."""
+    def save_best(self, record: dict, saved: tuple) -> None:
+        """best/: the encoder (and MLP) as a model folder (`saved`: encoder, tokenizer, pooler, mlp),
+        with the flags and its dev figures, which carry the run's identity."""
         interrupts.stop_if_signalled()
-        extra = {"args.json": dataclasses.asdict(self.args), "dev_metrics.json": record}
+        extra = {"args.json": dataclasses.asdict(self.args),
+                 "dev_metrics.json": {**record, "run": self.identity}}
         with writing(str(self.out / "best"), self.kept):
-            save_pretrained_dir(self.out / "best", *self.saved, extra=extra)
+            save_pretrained_dir(self.out / "best", *saved, extra=extra)
+
+    def drop_last(self) -> None:
+        """A finished run keeps best/ and its records; last/ (weights and AdamW's moments, about 3x
+        the model) only served to continue it."""
+        if self.main:
+            shutil.rmtree(self.out / "last", ignore_errors=True)
 
     def load_last(self) -> dict | None:
         """--resume: the checkpoint save_last() kept, or None for a run stopped before its first one
-        (its log emptied: training starts from step 0). Data only (weights_only), its checksum and
-        the run's identity checked: anything else ends here in one line, the folder as it was."""
+        (its log emptied: training starts from step 0). Its checksum first, then data only
+        (weights_only), then the run's identity: anything else ends here in one line, the folder as
+        it was."""
         last = self.out / "last" / "state.pt"
         if not last.exists():
             if self.main:
                 self.cut_log(0)
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
             return None
+        self.check_sum(last)
         try:
             # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
             # others), and load_state_dict copies weights and AdamW's moments to the model's device
             state = torch.load(last, map_location="cpu", weights_only=True)
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
-        self.check_sum(last)
         if not isinstance(state, dict) or not CHECKPOINT_KEYS <= state.keys():
-            raise UserError(self.damaged(last, "it lacks what a checkpoint holds"))
-        self.check_identity(last, state.get("run"))
+            raise UserError(self.damaged(last, "it lacks what a checkpoint of this version holds"))
+        if diffs := self.not_mine(state["run"]):
+            raise UserError(self.damaged(last, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
         return state
 
     def check_sum(self, last: Path) -> None:
         """Bytes damaged on the disk (tensor data load without a word) or another file put in its
-        place. A checkpoint of an earlier version of this code has no checksum beside it."""
+        place, told before a byte of it is unpickled. This version writes a checksum beside every
+        checkpoint: one without is refused."""
         recorded = last.with_name(CHECKSUM)
-        if not recorded.is_file():
-            return
-        digest = (recorded.read_bytes().split() or [b""])[0]
+        whole = (f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > "
+                 f"{CHECKSUM}` in {last.parent}); else train the run again in another --output_dir.")
+        try:
+            digest = (recorded.read_bytes().split() or [b""])[0]
+        except OSError:
+            raise UserError(f"{recorded} is missing, so {last} cannot be shown whole; both are left as they "
+                            f"are. {whole}")
         if not re.fullmatch(rb"[0-9a-f]{64}", digest):
             raise UserError(f"{recorded}: not a SHA-256 line (empty, or damaged), so {last} cannot be "
-                            f"checked against it; both are left as they are. If you know state.pt is "
-                            f"whole, delete {recorded.name} and --resume loads it unchecked; else train the "
-                            f"run again in another --output_dir.")
+                            f"checked against it; both are left as they are. {whole}")
         if digest.decode() != sha256_file(last):
             raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
                                                f"it: damaged on the disk, or replaced"))
 
-    def check_identity(self, last: Path, then: Any) -> None:
-        """The checkpoint is this run's: the same script, stage and data, and (in a folder whose
-        record this command was held to) the same training flags. One written before checkpoints
-        carried an identity is taken as this run's, with a note."""
-        if then is None:
-            print(f"note: {last} carries no run identity (an earlier version wrote it): it cannot be "
-                  f"checked to be this run's; the next checkpoint carries it", file=sys.stderr)
-            return
+    def not_mine(self, then: Any) -> list[str]:
+        """How an identity (a checkpoint's, best/'s) differs from this run's: [] when it is this run's."""
         now, then = self.identity, then if isinstance(then, dict) else {}
-        diffs = []
-        if then.get("script") != now["script"]:
-            diffs.append(f"the script {then.get('script')}")
+        if then.get("format") != FORMAT:
+            return ["written by an earlier version of this project, which did not record the code"]
+        diffs = [f"the script {then.get('script')}"] if then.get("script") != now["script"] else []
         if then.get("stage") != now["stage"]:
             diffs.append(f"the stage {then['stage']}" if then.get("stage") else "the run's own model")
-        if then.get("data_sha256") != now["data_sha256"]:
-            diffs.append("other data")
-        if held_to_record(self.out):        # the record held this command's flags: so is last/
-            flags = then.get("flags") or {}
-            diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
-                      if flags.get(k) != v]
-        if diffs:
-            raise UserError(self.damaged(last, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
+        diffs += ["other data"] if then.get("data_sha256") != now["data_sha256"] else []
+        flags = then.get("flags") or {}
+        diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
+                  if flags.get(k) != v]
+        code = then.get("code") or {}
+        return diffs + [f"{f} of other code" for f in now["code"] if code.get(f) != now["code"][f]]
 
     @contextlib.contextmanager
     def restoring(self):
@@ -445,12 +538,13 @@ class RunFolder:
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
             raise UserError(self.damaged(self.out / "last" / "state.pt", e)) from e
 
-    def resumed(self, state: dict) -> None:
+    def resumed(self, state: dict, saved: tuple) -> None:
         """After train() put last/'s `state` back: best/ checked first (the model of an earlier step,
-        missing or damaged, is lost: one line; one that fell behind last/ is saved again from the
-        restored model), then the log cut back to last/'s length, so it reads as one run."""
+        missing, damaged or another run's, is lost: one line; one that fell behind last/ is saved
+        again from the restored model, `saved`), then the log cut back to last/'s length, so it
+        reads as one run."""
         step, best_step = state["step"], state["best_step"]
-        problem = self.best_problem(best_step) if self.main and best_step else None
+        problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
         if problem and best_step != step:
             raise UserError(f"{self.out / 'best'}: {problem}. The model of step {best_step}, the best STS-B "
                             f"dev, was kept only there (last/ holds step {step}). Train the run again in "
@@ -458,21 +552,32 @@ class RunFolder:
         if self.main:
             self.cut_log(state["log_bytes"])
             if problem:
-                self.save_best(state["dev"])
+                self.save_best(state["dev"], saved)
             print(f"resuming {self.out} at step {step} (best STS-B dev {state['best']:.2f} at step "
                   f"{best_step})", file=sys.stderr)
-        self.kept = intact(step, self.out / "last")
+        self.step = step
 
-    def best_problem(self, best_step: int) -> str | None:
-        """What is wrong with best/ as the model of step `best_step`, or None."""
-        best = self.out / "best"
-        if problem := model_folder_problem(best):
+    def best_problem(self, best_step: int, best: float) -> str | None:
+        """What is wrong with best/ as this run's model of step `best_step` (STS-B dev `best`), or None."""
+        folder = self.out / "best"
+        if problem := model_folder_problem(folder):
             return problem
         try:
-            saved = json.loads((best / "dev_metrics.json").read_bytes())["step"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return f"{best / 'dev_metrics.json'} is missing or damaged"
-        return None if saved == best_step else f"it holds the model of step {saved}, not of step {best_step}"
+            saved = read_json_object(folder / "dev_metrics.json")
+        except ValueError as e:
+            return f"{folder / 'dev_metrics.json'} is missing or damaged ({e})"
+        if saved.get("step") != best_step or saved.get("stsb_dev") != best:
+            return f"it holds the model of step {saved.get('step')}, not of step {best_step}"
+        if diffs := self.not_mine(saved.get("run")):
+            return f"it is another run's model ({', '.join(diffs[:3])})"
+        return None
+
+    def verified_best(self, best_step: int, best: float) -> Path:
+        """best/, once shown to be this run's model of step `best_step`: what the final report loads."""
+        if problem := self.best_problem(best_step, best):
+            raise UserError(f"{self.out / 'best'}: {problem}. This run's best model is lost: train the run "
+                            f"again in another --output_dir.")
+        return self.out / "best"
 
     def cut_log(self, size: int) -> None:
         """metrics.jsonl cut back to `size` bytes (its length when last/ was written: records of
@@ -480,7 +585,7 @@ class RunFolder:
         line of its own."""
         if not os.path.lexists(self.log):
             return
-        with writing(str(self.log), self.kept), open(self.log, "rb+", opener=atomic_writes.no_follow) as f:
+        with writing(str(self.log), self.kept), open(unshared(self.log), "rb+", opener=no_follow) as f:
             now = os.fstat(f.fileno()).st_size
             if now < size:
                 print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
@@ -501,10 +606,10 @@ class RunFolder:
             else type(e).__name__
         if "Weights only load failed" in str(e):
             reason = "it holds objects other than tensors and numbers, which loading would run as code"
-        best = self.out / "best" / "dev_metrics.json"
         try:
-            good = f"{best.parent} (the model of step {json.loads(best.read_bytes())['step']}) and "
-        except (OSError, ValueError, KeyError, TypeError):
+            step = read_json_object(self.out / "best" / "dev_metrics.json")["step"]
+            good = f"{self.out / 'best'} (the model of step {step}) and "
+        except (ValueError, KeyError):
             good = ""
         return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
                 f"{good}{self.log}. This run cannot continue from it: train it again in another "
@@ -516,6 +621,47 @@ class RunFolder:
         return UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                          f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
                          f"lines.")
+
+
+def intact(step: int, last: Path) -> str:
+    return f"the last complete checkpoint, step {step}, is intact in {last}"
+
+
+def kept_in(folder: Path, step: int | None = None) -> str:
+    """What a failed write leaves intact in a run folder or a stage: last/ and its step (read from
+    state.pt once its checksum shows it whole), and beside a stage, the stages complete."""
+    last = folder / "last" / "state.pt"
+    if step is None and last.is_file():
+        try:
+            if last.with_name(CHECKSUM).read_text().split()[0] != sha256_file(last):
+                raise ValueError("damaged")
+            step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
+        except Exception:
+            return f"{last.parent} is as it was"
+    kept = intact(step, last.parent) if step is not None else NO_CHECKPOINT
+    if not (folder.parent / "run.json").is_file():            # the run itself, not a stage of it
+        return kept
+    finished = [d.name for d in sorted(folder.parent.iterdir()) if (d / DONE).is_file()]
+    return kept + (f" in {folder.name}" if step is None else "") + \
+        (f"; finished and kept: {', '.join(finished)}" if finished else "")
+
+
+def current() -> RunFolder | None:
+    """The run folder this command named (common.start), if any."""
+    return next(iter(_named.values()), None)
+
+
+def release_run_folders() -> None:
+    """Let go of the run folder this command held (run_main's end, a test's)."""
+    for run in _named.values():
+        run.release()
+    _named.clear()
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """A small JSON file of the run, written whole or not at all; a failed write: one line."""
+    with writing(str(path)):
+        write_text_atomic(path, json.dumps(obj, indent=2))
 
 
 # -------------------------------------------------------------------------------------
@@ -532,6 +678,9 @@ class Stage:
     def __init__(self, out: str | Path, name: str, settings: dict):
         self.path = Path(out) / name
         self.settings = settings
+
+    def kept(self) -> str:
+        return kept_in(self.path)
 
     def finished(self) -> dict | None:
         """The summary of this stage completed earlier (its DONE.json), or None. Trained with other
@@ -563,7 +712,7 @@ class Stage:
                     recover_dir(self.path / kept)
                 if not (recover_dir(self.path / "last") / "state.pt").exists():
                     shutil.rmtree(self.path)       # nothing of it to keep
-            with writing(str(self.path), kept_in(self.path)):
+            with writing(str(self.path), self.kept):
                 self.path.mkdir(parents=True, exist_ok=True)
         barrier()
 
@@ -572,7 +721,7 @@ class Stage:
         (weights and AdamW's moments, ~3x the model: only an unfinished stage resumes from it).
         Every rank waits."""
         if world()[0] == 0:
-            kept = kept_in(self.path)
+            kept = self.kept()
             with writing(str(self.path / "end"), kept):
                 save_pretrained_dir(self.path / "end", encoder, tokenizer, pooler)
             with writing(str(self.path / DONE), kept):

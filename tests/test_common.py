@@ -378,16 +378,28 @@ def test_a_bug_inside_a_write_keeps_its_traceback(bug):
             raise bug
 
 
-def test_output_dir_guard(tmp_path):
+def test_output_dir_guard(tmp_path, corpus):
+    """RunFolder.open: a --resume of nothing is refused and makes nothing; a new folder is made,
+    held and recorded; a second start there is refused; a run stopped before its first checkpoint
+    resumes (train() starts it from step 0)."""
+    import simcse
     out = tmp_path / "run"
-    with pytest.raises(UserError, match="no checkpoint to resume"):
-        run_folder.prepare_output_dir(out, resume=True)          # no run there at all
-    run_folder.prepare_output_dir(out, resume=False)
-    (out / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(UserError, match="already holds a run"):
-        run_folder.prepare_output_dir(out, resume=False)
-    # a run stopped before its first checkpoint: --resume starts it again from step 0
-    assert run_folder.prepare_output_dir(out, resume=True) == out
+
+    def opened(resume: bool) -> run_folder.RunFolder:
+        run = run_folder.RunFolder.named(simcse.Args(data=str(corpus), output_dir=str(out), resume=resume))
+        try:
+            run.open()
+        finally:
+            run_folder.release_run_folders()
+        return run
+    with pytest.raises(UserError, match="--resume: no run in .* to continue"):
+        opened(True)
+    assert not out.exists()
+    assert opened(False).record["script"] == "simcse.py"
+    assert sorted(p.name for p in out.iterdir()) == ["args.json", "code", "run.json", "run.lock"]
+    with pytest.raises(UserError, match="already holds a run. Add --resume"):
+        opened(False)
+    assert opened(True).record["code"] == json.loads((out / "run.json").read_text())["code"]
 
 
 @pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "cls"])

@@ -205,27 +205,41 @@ def test_regularized_loss_mismatched_lists():
 # ------------------------------------------------------------------------------------
 
 def test_early_stop_patience():
-    """Patience counted in calls, i.e. checks: common.train calls it every `every` steps."""
-    stop = rcl.early_stop(3, 50)
-    assert stop.every == 50
+    """Patience counted in checks; with `every` 1 each step's loss is a check of its own."""
+    stop = rcl.early_stop(3, 1)
+    assert stop.every == 1
     losses = [5.0, 4.0, 4.5, 4.0, 3.9, 4.2, 4.1, 3.95]
     fired = [stop(s, x) for s, x in enumerate(losses, 1)]
-    # 3.9 at evaluation 5 is the last decrease; 6, 7, 8 do not beat it -> stop at evaluation 8
+    # 3.9 at check 5 is the last decrease; 6, 7, 8 do not beat it -> stop at check 8
     assert fired == [False] * 7 + [True]
-    stop = rcl.early_stop(1, 50)
+    stop = rcl.early_stop(1, 1)
     assert [stop(s, x) for s, x in enumerate([3.0, 2.0, 2.0], 1)] == [False, False, True]
     assert rcl.early_stop(0, 50) is None
 
 
+def test_early_stop_checks_the_mean_since_its_last_check():
+    """common.train asks it after every step; it checks every `every` steps, the mean loss of the
+    steps since its last check (a tensor summed on the device: no wait between checks)."""
+    stop = rcl.early_stop(1, 4)
+    losses = [4.0, 6.0, 5.0, 5.0, 9.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 6.0]   # means 5.0, 5.0, 5.25
+    fired = [stop(s, torch.tensor(x)) for s, x in enumerate(losses, 1)]
+    assert fired == [False] * 7 + [True] + [False] * 3 + [True]
+    assert stop.best == 5.0 and stop.steps == 0
+
+
 def test_early_stop_state_round_trip():
-    losses = [5.0, 4.0, 4.5, 4.6, 4.7]
-    a = rcl.early_stop(3, 10)
-    fired = [a(s, x) for s, x in enumerate(losses, 1)]
-    b = rcl.early_stop(3, 10)
+    """Its state (best, patience count, and the loss summed since its last check) goes into last/
+    and back: a copy made between two checks fires where the original does."""
+    losses = [5.0, 4.0, 4.5, 4.6, 4.7, 4.8]
+    a = rcl.early_stop(3, 2)
+    fired = [a(s, x) for s, x in enumerate(losses[:5], 1)]          # checks 2, 4 and one step since
+    b = rcl.early_stop(3, 2)
     b.load_state_dict(a.state_dict())
-    # 4.0 at evaluation 2 still the best; 3, 4, 5 did not beat it: a and b both fire now
-    assert fired[-1] and b(6, 4.8) and a(6, 4.8)
-    fresh = rcl.early_stop(3, 10)
+    assert fired == [False] * 5 and b.state_dict() == a.state_dict() and a.steps == 1
+    # means 4.5 | 4.55 | 4.75: 4.5 still the best after checks 4 and 6: patience 3 not yet used up
+    assert [b(6, 4.8), a(6, 4.8)] == [False, False] and b.state_dict() == a.state_dict()
+    assert [b(s, 9.0) for s in (7, 8)] == [False, True]
+    fresh = rcl.early_stop(3, 2)
     assert not fresh(6, 4.8)
 
 
@@ -266,17 +280,16 @@ def _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, should
                         final_eval=False)
 
 
-def test_should_stop_sees_interval_means_at_evaluations(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
-    """common.train calls should_stop at each evaluation only (every --eval_every steps and the
-    last step), with the mean loss of the steps since the previous evaluation; training
-    records follow --log_every, not every step."""
+def test_should_stop_is_asked_after_every_step(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
+    """common.train asks should_stop after every step, with that step's loss; it fires at the last
+    step here, so training ran all its steps, not "stopped early"; training records follow
+    --log_every, and evaluations --eval_every and the last step."""
     losses = _batches(FALLING)[:25]
     seen = []
-    # it fires at the last evaluation only: training ran all its steps, not "stopped early"
     res = _train_scripted(tiny_bert, small_sts, corpus, tmp_path / "run", cache_dir, losses,
-                          lambda step, loss: seen.append((step, loss)) or step == 25, log_every=4)
-    assert [s for s, _ in seen] == [10, 20, 25]
-    assert [x for _, x in seen] == pytest.approx([5.0, 4.9, 4.8 + sum(ZIG[:5]) / 5])
+                          lambda step, loss: seen.append((step, float(loss))) or step == 25, log_every=4)
+    assert [s for s, _ in seen] == list(range(1, 26))
+    assert [x for _, x in seen] == pytest.approx(losses)
     recs = _records(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in recs if "loss" in r] == [4, 8, 10, 12, 16, 20, 24, 25]
     assert [r["step"] for r in recs if "stsb_dev" in r] == [10, 20, 25]
@@ -287,7 +300,7 @@ def test_noisy_batches_do_not_stop_an_entropy_model(tiny_bert, small_sts, corpus
     """Single batches rise for 3 steps right at the start: compared batch by batch (the old
     reading of "3 steps") training stops at step 4; compared as interval means at evaluations
     it trains on while the mean falls, and still stops on a plateau."""
-    old = rcl.early_stop(3, 10)
+    old = rcl.early_stop(3, 1)
     assert next(s for s, x in enumerate(_batches(FALLING), 1) if old(s, x)) == 4
     res = _train_scripted(tiny_bert, small_sts, corpus, tmp_path / "falling", cache_dir,
                           _batches(FALLING), rcl.early_stop(3, 10))
@@ -320,9 +333,10 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, co
     assert (out / "metrics.jsonl").read_text() == log
 
 
-def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
-    """common.train saves should_stop's state with last/ and loads it back on --resume, so
-    a restarted entropy model keeps its patience count instead of starting from zero."""
+def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, tmp_path, cache_dir,
+                                                   monkeypatch):
+    """common.train saves should_stop's state with last/ and loads it back on --resume, so a
+    restarted entropy model keeps its patience count instead of starting from zero."""
     class Count:
         def __init__(self):
             self.n = 0
@@ -339,17 +353,29 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, 
 
     args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts),
                     output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir), batch_size=8,
-                    max_steps=4, eval_every=2, max_len=16)
+                    max_steps=6, eval_every=2, max_len=16)
     (tmp_path / "run").mkdir()
+    real, calls = common.train_step, [0]
+
+    def step_5_stopped(*a, **k):                     # Ctrl-C in step 5: last/ holds step 4
+        calls[0] += 1
+        if calls[0] == 5:
+            raise KeyboardInterrupt
+        return real(*a, **k)
     counts = []
-    for a in (args, dataclasses.replace(args, max_steps=6, resume=True)):
+    for a in (args, dataclasses.replace(args, resume=True)):
         tok, enc = common.load_encoder(a.model)
         data = common.tokenize_columns(a, tok, common.load_columns(a.data))
         stop = Count()
-        common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, a.pooler, should_stop=stop,
-                     final_eval=False)
+        with monkeypatch.context() as mp:
+            mp.setattr(common, "train_step", step_5_stopped)
+            try:
+                common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, a.pooler,
+                             should_stop=stop, final_eval=False)
+            except KeyboardInterrupt:
+                pass
         counts.append(stop.n)
-    assert counts == [2, 3]      # evaluations at steps 2, 4; 2 restored from last/, then step 6
+    assert counts == [4, 6]      # asked at steps 1-4; 4 restored from last/ (step 4), then steps 5 and 6
 
 
 # ------------------------------------------------------------------------------------
@@ -613,7 +639,7 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_cs
     monkeypatch.setattr(rcl, "early_stop", lambda patience, every: lambda step, loss: True)
     rcl.entropy_stage(args, data, torch.device("cpu"))
     done = json.loads((out / "entropy_phi0.03" / run_folder.DONE).read_text())
-    assert done["steps"] == 2 and done["stopped_early"] is True and done["best_step"] == 2
+    assert done["steps"] == 1 and done["stopped_early"] is True and done["best_step"] == 1   # asked at step 1
     assert done["dev_end"] == done["best_dev"]
     assert all(isinstance(done[k], float) for k in ("dev_start", "entropy_start", "entropy_end"))
     # the weights training stopped with are end/'s (and best/'s here: one evaluation): the same probe
@@ -623,7 +649,7 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_cs
         assert done[f"entropy_{kept}"] == pytest.approx(h, rel=1e-5)
     first = capsys.readouterr().out
     row = rcl.summary_table([done]).splitlines()[-1]
-    assert "stopped early at step 2 of 6" in first and row in first and "stopped early at step 2 of 6" in row
+    assert "stopped early at step 1 of 6" in first and row in first and "stopped early at step 1 of 6" in row
 
     monkeypatch.setattr(rcl, "train_entropy_model", lambda *a: pytest.fail("retrained"))
     monkeypatch.setattr(rcl, "probe_entropy", lambda *a: pytest.fail("measured again"))
@@ -718,16 +744,20 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, cor
     means = [5.0, 4.9, 4.95, 4.95, 4.92, 4.8, 4.7, 4.6]
     losses = [m + z for m in means for z in (0.2, -0.1, 0.3, -0.3, -0.1)]        # noise summing to 0
     out = tmp_path / "run"
-    seen = []
+    checks = []
     stop = rcl.early_stop(3, 5)
 
     def spy(step, loss):
-        seen.append((step, loss))
-        return stop(step, loss)
-    spy.every = stop.every
+        fired = stop(step, loss)
+        if stop.steps == 0:                               # a check came at this step
+            checks.append((step, stop.best, stop.since))
+        return fired
+    spy.state_dict, spy.load_state_dict = stop.state_dict, stop.load_state_dict    # last/ keeps its state
     res = _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, spy, eval_every=20)
-    assert [s for s, _ in seen] == [5, 10, 15, 20, 25]
-    assert [x for _, x in seen] == pytest.approx(means[:5])
+    assert [s for s, _, _ in checks] == [5, 10, 15, 20, 25]
+    assert [(b, n) for _, b, n in checks] == [(pytest.approx(5.0), 0), (pytest.approx(4.9), 0),
+                                              (pytest.approx(4.9), 1), (pytest.approx(4.9), 2),
+                                              (pytest.approx(4.9), 3)]
     assert res["steps"] == 25 and res["stopped_early"] and res["total"] == 40
     recs = _records(out / "metrics.jsonl")
     assert [r["step"] for r in recs if "stsb_dev" in r] == [20, 25]

@@ -49,6 +49,7 @@ FLAGS = ["--batch_size", "8", "--max_steps", "4", "--eval_every", "2", "--log_ev
 # rcl: one entropy model and the final model, one checkpoint each (step 2), no early stop
 RCL_FLAGS = [*FLAGS, "--max_steps", "2", "--phi", "0.01", "--patience", "0", "--pooler", "cls_before_pooler"]
 SMALL = 10   # pages for the small files: run.lock, run.json, args.json, metrics.jsonl, a checksum, ...
+# (and the pages of code/, the copies of the script and common.py: sizes["code"])
 
 
 # ------------------------------------------------------------------------------------
@@ -138,11 +139,17 @@ def sizes(tmp_path_factory, tiny_bert, data, small_sts) -> dict[str, int]:
     ref = tmp_path_factory.mktemp("reference")
     common_argv = ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
                    "--cache_dir", str(ref / "cache")]
-    simcse.main([*common_argv, "--output_dir", str(ref / "simcse"), *FLAGS])
-    rcl.main([*common_argv, "--output_dir", str(ref / "rcl"), *RCL_FLAGS])
-    run_folder.release_run_folders()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)      # last/'s size is measured too
+    try:
+        simcse.main([*common_argv, "--output_dir", str(ref / "simcse"), *FLAGS])
+        rcl.main([*common_argv, "--output_dir", str(ref / "rcl"), *RCL_FLAGS])
+    finally:
+        mp.undo()
+        run_folder.release_run_folders()
     entropy = ref / "rcl" / "entropy_phi0.01"
-    return {"last": _pages(ref / "simcse" / "last"), "best": _pages(ref / "simcse" / "best"),
+    return {"code": _pages(ref / "simcse" / "code"), "rcl_code": _pages(ref / "rcl" / "code"),
+            "last": _pages(ref / "simcse" / "last"), "best": _pages(ref / "simcse" / "best"),
             "rcl_last": _pages(ref / "rcl" / "last"), "rcl_best": _pages(ref / "rcl" / "best"),
             "entropy_best": _pages(entropy / "best"), "entropy_end": _pages(entropy / "end")}
 
@@ -156,7 +163,8 @@ def test_a_full_disk_at_last_or_best_ends_in_one_line_and_resume_finishes(place,
     """The largest writes, where a disk fills: last/ of step 4 (written while step 2's is still
     there) or best/ of step 2 (after last/ of step 2)."""
     L, B = sizes["last"], sizes["best"]
-    pages = SMALL + L + B + L // 2 if place == "last" else SMALL + L + B // 2
+    small = SMALL + sizes["code"]
+    pages = small + L + B + L // 2 if place == "last" else small + L + B // 2
     with _tmpfs(tmp_path / "disk", pages) as disk:
         out = disk / "run"
         line = _line(_script("simcse.py", argv(out)), 4)
@@ -251,8 +259,9 @@ def test_a_disk_forced_read_only_mid_run_ends_in_one_line_and_resume_finishes(tm
 def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its_fingerprint(
         free, tmp_path, argv, data):
     """A disk with `free` pages left: the lock's line takes one, then the run's record fails
-    (run.json, the data's fingerprint, is written first: there is no args.json without it). The
-    line names the file; --resume with other content in --data is refused; the same command runs."""
+    (run.json, the data's and the code's fingerprints, is written first, then code/: there is no
+    args.json without them). The line names the file; --resume with other content in --data is
+    refused; the same command runs."""
     mine = tmp_path / "sentences.txt"
     shutil.copy(data, mine)
     with _tmpfs(tmp_path / "disk", 16) as disk:
@@ -261,7 +270,7 @@ def test_a_record_that_cannot_be_written_is_named_and_no_run_goes_on_without_its
         out = disk / "run"
         args = [*argv(out)[:2], "--data", str(mine), *argv(out)[4:]]
         line = _line(_script("simcse.py", args), 4)
-        written = "run.json" if free == 1 else "args.json"
+        written = "run.json" if free == 1 else "code/simcse.py"
         assert line == (f"error: could not write {out / written}: {ENOSPC}. no checkpoint was written yet; "
                         f"once it can be written again (free space), the same command starts the run."), line
         assert not list(out.glob(".*")), "a temporary file left behind"
@@ -316,12 +325,13 @@ def test_rcl_a_full_disk_at_each_stage_ends_in_one_line_and_resume_finishes(tmp_
     """One run, its disk made larger after each failure: the entropy model's best/ (step 2), its
     end/ (the weights it stopped with), the final model's best/; then --resume finishes it."""
     L, EB, E, FB = sizes["rcl_last"], sizes["entropy_best"], sizes["entropy_end"], sizes["rcl_best"]
-    with _tmpfs(tmp_path / "disk", SMALL + L + EB // 2) as disk:
+    small = SMALL + sizes["rcl_code"]
+    with _tmpfs(tmp_path / "disk", small + L + EB // 2) as disk:
         out = disk / "run"
         entropy = out / "entropy_phi0.01"
-        stages = [(entropy / "best", entropy, SMALL + L + EB + E // 2),
-                  (entropy / "end", entropy, SMALL + L + EB + E + FB // 2),
-                  (out / "best", out, 4 * (SMALL + L + EB + E + FB))]
+        stages = [(entropy / "best", entropy, small + L + EB + E // 2),
+                  (entropy / "end", entropy, small + L + EB + E + FB // 2),
+                  (out / "best", out, 4 * (small + L + EB + E + FB))]
         resume = []
         for failed, folder, room in stages:
             line = _line(_script("rcl.py", argv(out, *resume, flags=RCL_FLAGS)), 4)

@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import struct
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from test_kill_resume import _records, _same_run
 import common
 import rcl
 import simcse
-from conftest import Held, script
+from conftest import ROOT, Held, script
 from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
@@ -142,6 +143,23 @@ def interrupted(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Pat
     return out
 
 
+@pytest.fixture(scope="module")
+def unreported(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
+    """The same run stopped (Ctrl-C) as its final report began: last/ holds step 6, best/ step 4."""
+    out = tmp_path_factory.mktemp("unreported") / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(common, "final_report", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simcse.main(_argv(out, tiny_bert, data, small_sts, out.parent / "cache"))
+    finally:
+        mp.undo()
+        run_folder.release_run_folders()
+    assert torch.load(out / "last" / "state.pt", weights_only=True)["step"] == 6
+    assert json.loads((out / "best" / "dev_metrics.json").read_text())["step"] == 4
+    return out
+
+
 def _copy(run: Path, tmp_path: Path) -> Path:
     """A copy of a module run to change (output_dir is not a training flag: --resume accepts it)."""
     out = tmp_path / "run"
@@ -178,7 +196,10 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     code, err = _run(_argv(out, tiny_bert, mine, small_sts, cache, "--max_steps", "2"), capsys)
     assert code == 0, err[-3000:]
     run_json = json.loads((out / "run.json").read_text())
-    assert run_json == {"script": "simcse.py", "data_sha256": hashlib.sha256(mine.read_bytes()).hexdigest()}
+    assert run_json["script"] == "simcse.py" and run_json["format"] == run_folder.FORMAT
+    assert run_json["data_sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
+    assert run_json["code"] == {name: hashlib.sha256((ROOT / name).read_bytes()).hexdigest()
+                                for name in ("simcse.py", "common.py")}
     # the same file name, other content: 200 of its 300 lines
     mine.write_text("\n".join(mine.read_text(encoding="utf-8").splitlines()[:200]) + "\n", encoding="utf-8")
     before = _tree(out)
@@ -191,24 +212,22 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     assert _tree(out) == before
 
 
-def test_a_run_without_run_json_resumes_with_a_note_and_is_held_to_the_data_from_then_on(
-        tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
-    """A folder from before run.json (args.json alone): its data cannot be checked, which --resume
-    says, and the data's fingerprint is recorded then; other data is refused after that."""
-    out = _copy(interrupted, tmp_path)
-    (out / "run.json").unlink()
-    mine = tmp_path / "sentences.txt"
-    shutil.copy(data, mine)
-    flags = json.loads((out / "args.json").read_text())
-    (out / "args.json").write_text(json.dumps({**flags, "data": str(mine)}, indent=2))   # its own file
-    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 0, err[-3000:]
-    assert f"note: {out} has no run.json" in err and "its fingerprint is recorded now" in err, err[-3000:]
-    assert json.loads((out / "run.json").read_text())["data_sha256"] == atomic_writes.sha256_file(mine)
-    mine.write_text("other sentences\n" * 300, encoding="utf-8")
-    code, err = _run(_argv(out, tiny_bert, mine, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 2, err[-3000:]
-    assert f"--data {mine}: its content is not the data the run started with" in err, err[-3000:]
+def test_a_run_of_an_earlier_version_is_refused_and_nothing_is_written(tmp_path, tiny_bert, data, small_sts,
+                                                                       interrupted, capsys):
+    """A folder from before run.json (args.json alone), or with a run.json that records no code: what
+    it trained on cannot be checked, so --resume is refused in one line, and nothing is written (an
+    earlier version wrote run.json first, and a refusal then held the folder to edited data)."""
+    for spoil in (lambda out: (out / "run.json").unlink(),
+                  lambda out: (out / "run.json").write_text(json.dumps({"script": "simcse.py"}))):
+        out = _copy(interrupted, tmp_path / str(len(list(tmp_path.iterdir()))))
+        spoil(out)
+        before = _tree(out)
+        code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+        assert code == 2, err[-3000:]
+        message = _one_line_error(err)
+        assert f"--output_dir {out}: an earlier version of this project started this run" in message, message
+        assert f"another --output_dir, e.g. {out}-2" in message, message
+        assert _tree(out) == before
 
 
 def test_resume_may_change_where_and_how_a_run_is_written(tmp_path, tiny_bert, data, small_sts,
@@ -270,8 +289,8 @@ DAMAGES = {
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
-        tmp_path, tiny_bert, data, small_sts, finished, capsys, damage):
-    out = _copy(finished, tmp_path)
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys, damage):
+    out = _copy(interrupted, tmp_path)
     state = out / "last" / "state.pt"
     DAMAGES[damage](state)
     before = _tree(out)
@@ -287,19 +306,30 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
     assert _tree(out) == before
 
 
-def test_a_checkpoint_without_a_checksum_still_resumes(tmp_path, tiny_bert, data, small_sts, interrupted,
-                                                       finished, capsys):
-    """last/ written before checkpoints carried their SHA-256 (state.pt alone) resumes as before."""
+def test_a_checkpoint_without_a_checksum_is_refused_until_one_vouches_for_it(
+        tmp_path, tiny_bert, data, small_sts, interrupted, finished, capsys):
+    """last/state.pt without the SHA-256 this version writes beside it cannot be shown whole: refused
+    before a byte is unpickled, nothing changed; the command the line gives (sha256sum in last/)
+    vouches for it, and the run then resumes as one."""
     out = _copy(interrupted, tmp_path)
     (out / "last" / run_folder.CHECKSUM).unlink()
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{out / 'last' / run_folder.CHECKSUM} is missing, so {out / 'last' / 'state.pt'} cannot be " \
+           f"shown whole" in message, message
+    command = re.search(r"`(sha256sum state\.pt > state\.pt\.sha256)` in (\S+)\)", message)
+    assert command and Path(command[2]) == out / "last", message
+    assert _tree(out) == before
+    subprocess.run(command[1], shell=True, cwd=command[2], check=True)
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 0, err[-3000:]
     assert f"resuming {out} at step 2 " in err, err[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)
-    # each checkpoint written since carries it again, and it is the SHA-256 of state.pt's bytes
-    digest, name = (out / "last" / run_folder.CHECKSUM).read_text().split()
-    assert name == "state.pt"
-    assert digest == hashlib.sha256((out / "last" / "state.pt").read_bytes()).hexdigest()
+    # the checkpoints written since carry it, the SHA-256 of state.pt's bytes (until the run finished)
+    digest = hashlib.sha256((interrupted / "last" / "state.pt").read_bytes()).hexdigest()
+    assert digest == (interrupted / "last" / run_folder.CHECKSUM).read_text().split()[0]
 
 
 class _Shell:
@@ -314,13 +344,14 @@ class _Shell:
 
 @pytest.mark.parametrize("payload", ["os.system", "print"])
 def test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs(
-        tmp_path, tiny_bert, data, small_sts, finished, capsys, payload):
-    out = _copy(finished, tmp_path)
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys, payload):
+    """Its checksum rewritten to match (whoever planted it could): the checksum passes, and loading
+    data only refuses it."""
+    out = _copy(interrupted, tmp_path)
     state_pt = out / "last" / "state.pt"
-    state = torch.load(state_pt, weights_only=True)
     marker, armed = tmp_path / "marker", tmp_path / "armed"
-    state["x"] = _Shell(f"touch {marker}") if payload == "os.system" else print
-    torch.save(state, state_pt)
+    payload_object = _Shell(f"touch {marker}") if payload == "os.system" else print
+    _resave(state_pt, lambda state: state.update(x=payload_object))
     if payload == "os.system":                 # the payload is live: a plain torch.load runs it
         probe = tmp_path / "probe.pt"
         torch.save({"x": _Shell(f"touch {armed}")}, probe)
@@ -347,13 +378,15 @@ def _resave(path: Path, change) -> None:
 
 @pytest.mark.parametrize("other", ["--seed 7", "focal_infonce.py"])
 def test_another_runs_checkpoint_is_refused_in_one_line(tmp_path, tiny_bert, data, small_sts, interrupted,
-                                                        capsys, other):
+                                                        capsys, other, monkeypatch):
     """`rm -r R/last; cp -a OTHER/last R/last`, OTHER the same command with --seed 7, or another
     script's run: whole checkpoints, each with its checksum, which --resume would have trained on."""
     import focal_infonce
     out, theirs = _copy(interrupted, tmp_path), tmp_path / "other"
     argv = _argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--max_steps", "2")
-    assert (simcse.main([*argv, "--seed", "7"]) if other == "--seed 7" else focal_infonce.main(argv))
+    with monkeypatch.context() as mp:
+        mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)     # OTHER keeps its last/
+        assert (simcse.main([*argv, "--seed", "7"]) if other == "--seed 7" else focal_infonce.main(argv))
     shutil.rmtree(out / "last")
     shutil.copytree(theirs / "last", out / "last")
     before = _tree(out)
@@ -366,17 +399,18 @@ def test_another_runs_checkpoint_is_refused_in_one_line(tmp_path, tiny_bert, dat
     assert _tree(out) == before
 
 
-def test_a_checkpoint_from_before_run_identities_resumes_with_a_note(tmp_path, tiny_bert, data, small_sts,
-                                                                     interrupted, finished, capsys):
-    """What an earlier version wrote (no "run" in state.pt) is taken as this run's, which --resume
-    says; the next checkpoint carries the identity."""
+def test_a_checkpoint_from_before_run_identities_is_refused_and_nothing_changes(
+        tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
+    """What an earlier version wrote (no "run" in state.pt) cannot be shown to be this run's: refused
+    in one line, the folder as it was."""
     out = _copy(interrupted, tmp_path)
     _resave(out / "last" / "state.pt", lambda state: state.pop("run"))
+    before = _tree(out)
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 0, err[-3000:]
-    assert f"note: {out / 'last' / 'state.pt'} carries no run identity (an earlier version wrote it)" in err
-    assert torch.load(out / "last" / "state.pt", weights_only=True)["run"]["script"] == "simcse.py"
-    _same_run(out, finished, log_every=1, eval_every=2)
+    assert code == 2, err[-3000:]
+    assert f"{out / 'last' / 'state.pt'}: not a checkpoint of this run (it lacks what a checkpoint of this " \
+           f"version holds)" in _one_line_error(err)
+    assert _tree(out) == before
 
 
 def _cut(path: Path) -> None:
@@ -413,11 +447,12 @@ def test_a_damaged_record_is_named_in_one_line_and_nothing_changes(tmp_path, tin
 
 
 @pytest.mark.parametrize("damage", ["deleted", "model.safetensors cut short"])
-def test_a_best_that_is_lost_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts, finished, capsys,
+def test_a_best_that_is_lost_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts, unreported, capsys,
                                                   damage):
-    """The finished run's best/ is step 4's, last/ step 6's: nothing can make it again. The line
-    names best/ (not the --model flag that final_report's load would have blamed)."""
-    out = _copy(finished, tmp_path)
+    """A run stopped before its final report: best/ is step 4's, last/ step 6's, so nothing can make
+    best/ again. The line names best/ (not the --model flag that final_report's load would have
+    blamed)."""
+    out = _copy(unreported, tmp_path)
     if damage == "deleted":
         shutil.rmtree(out / "best")
     else:
@@ -483,10 +518,11 @@ def test_a_log_line_cut_short_is_dropped_on_resume(tmp_path, tiny_bert, data, sm
     assert [r["step"] for r in recs if "stsb_dev" in r] == [4, 6]   # step 2's, cut, is gone
 
 
-def test_what_a_kill_after_a_commit_left_is_removed(tmp_path, tiny_bert, data, small_sts, finished, capsys):
+def test_what_a_kill_after_a_commit_left_is_removed(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                    capsys):
     """A kill in the last removal of a commit leaves .last.old beside a whole last/ (a copy of the
-    model and AdamW's moments): the next start removes it, a finished run's too."""
-    out = _copy(finished, tmp_path)
+    model and AdamW's moments): the next start removes it."""
+    out = _copy(interrupted, tmp_path)
     shutil.copytree(out / "last", out / ".last.old")
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 0, err[-3000:]
@@ -511,10 +547,18 @@ def test_a_resume_stopped_before_its_record_is_checked_says_its_folder_is_unchan
 
 @pytest.fixture(scope="module")
 def rcl_finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
-    """A finished rcl.py run: one entropy model (2 steps), then the final model (2 steps)."""
+    """An rcl.py run whose one entropy model (2 steps) finished, stopped (Ctrl-C) as its final
+    model began."""
     out = tmp_path_factory.mktemp("rcl") / "run"
-    rcl.main(_rcl_argv(out, tiny_bert, data, small_sts))
-    run_folder.release_run_folders()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(rcl, "train_final", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rcl.main(_rcl_argv(out, tiny_bert, data, small_sts))
+    finally:
+        mp.undo()
+        run_folder.release_run_folders()
+    assert (out / "entropy_phi0.01" / run_folder.DONE).is_file()
     return out
 
 
@@ -601,13 +645,13 @@ def test_a_csv_with_a_byte_order_mark_is_read(tmp_path, nli_csv):
 
 @pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
 def test_resume_puts_the_checkpoint_back_onto_the_models_device(tmp_path, tiny_bert, data, small_sts,
-                                                                finished, monkeypatch):
+                                                                unreported, monkeypatch):
     """On a GPU the model lives on cuda, and a checkpoint loaded onto the model's device put the
     RNG states there too: torch.set_rng_state refused them (TypeError: RNG state must be a
     torch.ByteTensor) and every --resume crashed. Here the model lives on the meta device, as
     foreign to the CPU as a GPU: train()'s resume puts the weights and AdamW's moments there
     through load_state_dict, and the RNG state back as the CPU's own."""
-    out = _copy(finished, tmp_path)
+    out = _copy(unreported, tmp_path)
     argv = _argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume")
     args = common.parse_args(simcse.Args, argv)
     tokenizer, encoder = common.load_encoder(args.model)
@@ -809,27 +853,20 @@ def test_an_output_dir_on_a_full_disk_is_refused_at_the_start(tmp_path, tiny_ber
     """The first write of a run is the lock file's line (the holder's pid): on a full disk it
     fails, and the run is refused there in one line."""
     out, cache = tmp_path / "run", tmp_path / "cache"
+    real = atomic_writes.write_text_atomic
 
-    class Full:
-        def __init__(self, f):
-            self.f = f
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def flush(self):
+    def write(path, text):
+        if Path(path).name == run_folder.LOCK:
             raise _no_space()
-
-    def fake_open(file, mode="r", *a, **k):
-        f = open(file, mode, *a, **k)
-        return Full(f) if Path(file).name == run_folder.LOCK else f
+        real(path, text)
     with monkeypatch.context() as mp:
-        mp.setattr(run_folder, "open", fake_open, raising=False)
+        mp.setattr(run_folder, "write_text_atomic", write)
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 2, err[-3000:]
     message = _one_line_error(err)
     assert f"--output_dir {out}: cannot be written ({ENOSPC})" in message, message
     assert not cache.exists(), "refused only after the data were tokenised"
+    assert not out.exists()
 
 
 def test_an_output_dir_under_a_file_is_refused_at_the_start(tmp_path, tiny_bert, data, small_sts, capsys):
@@ -851,9 +888,13 @@ def test_an_output_dir_in_a_read_only_folder_is_refused_at_the_start(tmp_path, t
     ro.chmod(0o555)
     out, cache = ro / "run", tmp_path / "cache"
     if os.access(ro, os.W_OK):   # root: chmod does not stop it, so the system's answer is played
-        real_access = os.access
-        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode == os.W_OK and Path(p) == out
-                            else real_access(p, mode, **kw))
+        real_mkdir = os.mkdir
+
+        def mkdir(path, *a, **k):
+            if Path(path) == out:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_mkdir(path, *a, **k)
+        monkeypatch.setattr(os, "mkdir", mkdir)
     try:
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
         assert code == 2, err[-3000:]
