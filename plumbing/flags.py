@@ -112,10 +112,23 @@ def default_output_dir(args: Any) -> str:
     return str(Path("runs") / script_name(args) / (name or "default"))
 
 
+def closest(word: str, among: list[str]) -> list[str]:
+    """What `word` most likely meant: the name it spells with - for _ (or _ for -), else those it
+    begins, else up to two look-alikes."""
+    same = [o for o in among if o.replace("-", "_") == word.replace("-", "_")]
+    begun = [o for o in among if o.startswith(word)]
+    return same or begun[:3] or difflib.get_close_matches(word, among, n=2, cutoff=0.75)
+
+
+def _number(word: str) -> bool:
+    """Whether `word` reads as a number (-5, -1e-3): a value, not a flag."""
+    return re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", word, re.I) is not None
+
+
 class Parser(argparse.ArgumentParser):
     """argparse as every command reads its flags: a flag is never taken for another by its prefix
-    (`--max_step 5` is not --max_steps), and a mistake is answered in one line, a UserError (exit
-    status 2 under run_main) that names the closest flag or value, not in usage lines. --help is
+    (allow_abbrev=False: `--max_step 5` is not --max_steps), and a refusal is one line, a UserError
+    (exit status 2 under run_main) that names the closest flag or value, not usage lines. --help is
     argparse's own."""
 
     def __init__(self, *a, command: str = "", defaults: dict[str, Any] | None = None, **kw):
@@ -123,64 +136,38 @@ class Parser(argparse.ArgumentParser):
         self.command = command or self.prog          # as a user types it: python simcse.py
         self.defaults = defaults or {}               # --flag: its default, for the examples
 
-    def parse_args(self, args=None, namespace=None):
-        given, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            raise UserError(self.unknown(unknown))
-        return given
-
-    def flags(self) -> list[str]:
-        return [o for a in self._actions for o in a.option_strings if o != "-h"]
-
-    def closest(self, word: str, among: list[str]) -> list[str]:
-        """The names in `among` that `word` most likely meant: the one it spells with - for _ (or _
-        for -), else those it begins, else up to two look-alikes."""
-        same = [o for o in among if o.replace("-", "_") == word.replace("-", "_")]
-        begun = [o for o in among if o.startswith(word)]
-        return same or begun[:3] or difflib.get_close_matches(word, among, n=2, cutoff=0.75)
-
-    def unknown(self, words: list[str]) -> str:
-        """One line for what argparse could not place: flags it does not know (each with the
-        closest ones), or values that no flag takes."""
-        flags = [w.split("=")[0] for w in words if w.startswith("-") and not _number(w)]
-        if not flags:
-            return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
-                    f"none). `{self.command} --help` lists every flag.")
-        said = []
-        for flag in flags:
-            near = self.closest(flag, self.flags())
-            said.append(f"{flag}: no such flag" + (f"; did you mean {' or '.join(near)}?" if near else "."))
-        return f"{' '.join(said)} `{self.command} --help` lists every flag."
-
     def error(self, message: str):
-        """argparse's refusal of a value (a choice, a number), as one line."""
+        """argparse's refusal (its `message`), said in one line."""
+        flags = {o: a for a in self._actions for o in a.option_strings if o != "-h"}
+        if message.startswith("unrecognized arguments: "):
+            raise UserError(self.unknown(message.split(": ", 1)[1].split(" "), flags))
         m = re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)
         if m is None:
             raise UserError(f"{message}. `{self.command} --help` lists every flag.")
         flag, what = m[1].split("/")[0], m[2]
-        default = self.defaults.get(flag, "")
-        example = f", e.g. {flag_text(flag[2:], default)} (the default)" if default not in ("", []) else ""
-        action = next((a for a in self._actions if flag in a.option_strings), None)
-        choice = re.match(r"invalid choice: (['\"])(.*?)\1( |$)", what)
-        if action is not None and action.choices and choice:
-            choices = [str(c) for c in action.choices]
-            near = self.closest(choice[2], choices)
+        choice = re.match(r"invalid choice: (['\"])(.*?)\1", what)
+        if choice and flag in flags:
+            choices = [str(c) for c in flags[flag].choices]
+            near = closest(choice[2], choices)
             raise UserError(f"{flag} {choice[2]}: not one of {', '.join(choices)}"
                             + (f"; did you mean {flag} {' or '.join(near)}?" if near else "."))
-        kind = re.match(r"invalid (\w+) value: (['\"])(.*)\2", what)
-        if kind:
-            word = {"int": "a whole number", "float": "a number"}.get(kind[1], f"a {kind[1]}")
+        default = self.defaults.get(flag, "")
+        example = f", e.g. {flag_text(flag[2:], default)} (the default)" if default not in ("", []) else ""
+        if kind := re.match(r"invalid (int|float) value: (['\"])(.*)\2", what):
+            word = "a whole number" if kind[1] == "int" else "a number"
             raise UserError(f"{flag} {kind[3]}: not {word}. Pass {word}{example}.")
         raise UserError(f"{flag}: {what}{example}. `{self.command} --help` says what each flag takes.")
 
-
-def _number(word: str) -> bool:
-    """Whether `word` reads as a number (-5, -1e-3): a value, not a flag."""
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
+    def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
+        """What argparse could not place: flags it does not know (each with the closest ones), or
+        values that no flag takes."""
+        said = [f"{w}: no such flag" + (f"; did you mean {' or '.join(near)}?" if near else ".")
+                for w in (w.split("=")[0] for w in words if w.startswith("-") and not _number(w))
+                for near in [closest(w, list(flags))]]
+        if not said:
+            return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
+                    f"none). `{self.command} --help` lists every flag.")
+        return f"{' '.join(said)} `{self.command} --help` lists every flag."
 
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
