@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import operator
 import os
 import re
 import sys
@@ -19,16 +20,18 @@ from typing import Any, Sequence
 
 from plumbing.errors import UserError
 
+RANGE_WORDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le),
+               "lt": ("<", operator.lt)}
 
-def arg(default: Any, help: str, source: str = "ours", choices: list | None = None,
-        ge: float | None = None, gt: float | None = None, le: float | None = None,
-        lt: float | None = None, note: str = "", positional: bool = False) -> Any:
+
+def arg(default: Any, help: str, source: str = "ours", choices: list | None = None, note: str = "",
+        positional: bool = False, **bounds: float) -> Any:
     """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
-    official code, ours), its range (ge >=, gt >, le <=, lt <; each element of a list) and a
-    `note` for a range error (the values the paper used). `positional`: compare's bare words."""
-    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    official code, ours), its range (bounds: ge >=, gt >, le <=, lt <; each element of a list) and
+    a `note` for a range error (the values the paper used). `positional`: compare's bare words."""
+    assert set(bounds) <= set(RANGE_WORDS), bounds
     meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
-            "range": {k: v for k, v in bounds.items() if v is not None}}
+            "range": bounds}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -47,28 +50,21 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-RANGE_WORDS = {"ge": (">=", lambda x, b: x >= b), "gt": (">", lambda x, b: x > b),
-               "le": ("<=", lambda x, b: x <= b), "lt": ("<", lambda x, b: x < b)}
-
-
 def check_ranges(args: Any) -> None:
     """Every number finite (argparse reads inf and nan as floats) and every field in the range its
     arg() declares, else a UserError: flag, value, rule, note, default."""
     for f in dataclasses.fields(args):
-        value = getattr(args, f.name)
-        default = field_default(f)
-        default = " ".join(map(str, default)) if isinstance(default, list) else default
+        value, default = getattr(args, f.name), flag_text(f.name, field_default(f))
         for x in value if isinstance(value, list) else [value]:
             if isinstance(x, float) and not math.isfinite(x):
                 raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
-                                f"--{f.name} {default}.")
+                                f"{default}.")
             for k, bound in f.metadata.get("range", {}).items():
                 word, ok = RANGE_WORDS[k]
-                if ok(x, bound):
-                    continue
                 note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
-                raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
-                                f"range, e.g. the default --{f.name} {default}.")
+                if not ok(x, bound):
+                    raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
+                                    f"range, e.g. the default {default}.")
 
 
 def flag_text(name: str, value: Any) -> str:
@@ -82,11 +78,12 @@ def flag_text(name: str, value: Any) -> str:
 
 def defaults_of(args: Any) -> Any:
     """The defaults of `args`' command on its kind of --data: with its csv_defaults for a CSV."""
-    defaults = type(args)()
-    if str(getattr(args, "data", "")).lower().endswith(".csv"):
-        for k, v in getattr(type(args), "csv_defaults", {}).items():
-            setattr(defaults, k, v)
-    return defaults
+    return type(args)(**(getattr(type(args), "csv_defaults", {}) if _csv(args) else {}))
+
+
+def _csv(args: Any) -> bool:
+    """Whether --data is a CSV (SimCSE's supervised form), not a text file."""
+    return str(getattr(args, "data", "")).lower().endswith(".csv")
 
 
 def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[str, Any]:
@@ -171,31 +168,28 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
-    """argparse flags from a dataclass of arg() fields, each help line ending in [source]."""
+    """argparse flags from a dataclass of arg() fields, each help line ending in [source] (default)."""
     script = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    command = prog or (f"python {Path(script).name}" if script else "")
-    defaults = {f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)}
     parser = Parser(description=description, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    command=command, defaults=defaults)
+                    command=prog or (f"python {Path(script).name}" if script else ""),
+                    defaults={f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)})
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        is_list = typing.get_origin(hints[f.name]) is list
-        typ = typing.get_args(hints[f.name])[0] if is_list else hints[f.name]
-        default = field_default(f)
-        source = getattr(cls, "sources", {}).get(f.name, f.metadata.get("source", "ours"))
-        shown = "" if default == "" else f" (default: {default})"
+        default, hint, meta = field_default(f), hints[f.name], f.metadata
+        source = getattr(cls, "sources", {}).get(f.name, meta.get("source", "ours"))
         # the real default in --help; SUPPRESS tells parse_args which flags were given
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
-                              "help": f"{f.metadata.get('help', '')} [{source}]{shown}"}
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        if f.metadata.get("positional"):
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{meta.get('help', '')} [{source}]"
+                              + ("" if default == "" else f" (default: {default})")}
+        kw.update({"choices": meta["choices"]} if meta.get("choices") else {})   # a switch takes none
+        if meta.get("positional"):
             parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
-        elif typ is bool:
+        elif hint is bool:
             action = argparse.BooleanOptionalAction if default else "store_true"
             parser.add_argument(f"--{f.name}", action=action, **kw)
         else:
-            parser.add_argument(f"--{f.name}", type=typ, nargs="*" if is_list else None, **kw)
+            many = typing.get_origin(hint) is list
+            parser.add_argument(f"--{f.name}", type=typing.get_args(hint)[0] if many else hint,
+                                nargs="*" if many else None, **kw)
     return parser
 
 
@@ -207,9 +201,8 @@ def parse_args(cls: type, argv: list[str] | None = None, description: str | None
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
-    took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "csv_defaults", {})
-            if k not in given and str(getattr(args, "data", "")).lower().endswith(".csv")]
-    if took and int(os.environ.get("RANK", "0")) == 0:     # once under torchrun
+    took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "csv_defaults", {}) if k not in given]
+    if took and _csv(args) and int(os.environ.get("RANK", "0")) == 0:     # once under torchrun
         print(f"note: --data {args.data} is a CSV, so these flags take the CSV's defaults: {' '.join(took)} "
               f"(a flag given on the command line wins)", file=sys.stderr)
     return args
@@ -241,7 +234,7 @@ def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], 
     free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
     stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}
     model = _model_name(defaults.model if stand_in else args.model)
-    csv_name = Path(args.data).name if str(args.data).lower().endswith(".csv") else ""
+    csv_name = Path(args.data).name if _csv(args) else ""
     picked = []
     for r in rows:
         same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
@@ -249,11 +242,8 @@ def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], 
         if _model_name(r.model or defaults.model) == model and r.data == csv_name and same_flags:
             picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
     if picked:
-        note = ""
-        if stand_in:
-            note = (f"{args.model} is not a model the paper trained: the rows below are the paper's "
-                    f"{defaults.model}, a reference rather than a target")
-        return picked, note
+        return picked, (f"{args.model} is not a model the paper trained: the rows below are the paper's "
+                        f"{defaults.model}, a reference rather than a target" if stand_in else "")
     named = [flag_text(k, v) for k, v in changed_flags(args, tuple(free)).items()]
     if model != _model_name(defaults.model):
         named.insert(0, f"--model {args.model}")
