@@ -110,16 +110,34 @@ def default_output_dir(args: Any) -> str:
 
 
 def closest(word: str, among: list[str]) -> list[str]:
-    """What `word` most likely meant: the name it spells with - for _ (or _ for -), else those it
-    begins, else up to two look-alikes."""
-    same = [o for o in among if o.replace("-", "_") == word.replace("-", "_")]
-    begun = [o for o in among if o.startswith(word)]
-    return same or begun[:3] or difflib.get_close_matches(word, among, n=2, cutoff=0.75)
+    """What `word` most likely meant: the names it begins, else up to two look-alikes (--max-steps
+    for --max_steps too)."""
+    return [o for o in among if o.startswith(word)][:3] or difflib.get_close_matches(word, among, 2, 0.75)
 
 
-def _number(word: str) -> bool:
-    """Whether `word` reads as a number (-5, -1e-3): a value, not a flag."""
-    return re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", word, re.I) is not None
+NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", re.I)     # -5 and -1e-3 are values, not flags
+# The official SimCSE code's flags (run_unsup_example.sh: its own, HF Trainer's), each said as this
+# project's flag and what differs; one applies where the command has that flag ("": a training command)
+LOOP = "not needed: every run trains, evaluates STS-B dev every --eval_every steps, keeps the best in best/"
+OFFICIAL = {
+    "--temp": ("--tau", ""), "--learning_rate": ("--lr", ""), "--num_train_epochs": ("--epochs", ""),
+    "--max_seq_length": ("--max_len", ""), "--model_name_or_path": ("--model", ""),
+    "--train_file": ("--data", ""), "--eval_steps": ("--eval_every", ""),
+    "--logging_steps": ("--log_every", ""),
+    "--per_device_train_batch_size": ("--batch_size", ", global over all GPUs here, per GPU there"),
+    # cl_forward adds w to the hard negative's logit: e^{sim/tau + w} = e^w e^{sim/tau}, Sec. 6.3's alpha
+    "--hard_negative_weight": ("--alpha", ", a weight on e^{sim/tau}: that code adds its w to the hard "
+                               "negative's logit sim/tau, so --alpha = e^w (w = ln alpha)"),
+    "--pooler_type": ("--pooler", "; its cls with --mlp_only_train is --pooler cls_before_pooler here, "
+                      "its cls_before_pooler trains no MLP either"),
+    "--mlp_only_train": ("--pooler cls_before_pooler", ": raw [CLS] at evaluation, an MLP in training only"),
+    "--do_mlm": ("", "no MLM objective here (the official code's auxiliary loss): drop it"),
+    "--fp16": ("", "mixed precision is automatic here (bf16 autocast on CUDA): drop it"),
+    "--overwrite_output_dir": ("", "a run folder is never written over: pass a new "
+                               "--output_dir, or --resume to continue the run there"),
+    **dict.fromkeys(["--do_train", "--do_eval", "--evaluation_strategy", "--metric_for_best_model",
+                     "--load_best_model_at_end"], ("", LOOP)),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -156,15 +174,33 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{flag}: {what}{example}. `{self.command} --help` says what each flag takes.")
 
     def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
-        """What argparse could not place: flags it does not know (each with the closest ones), or
-        values that no flag takes."""
-        said = [f"{w}: no such flag" + (f"; did you mean {' or '.join(near)}?" if near else ".")
-                for w in (w.split("=")[0] for w in words if w.startswith("-") and not _number(w))
-                for near in [closest(w, list(flags))]]
+        """What argparse could not place: flags it does not know (the official code's said as this
+        project's, the others with the closest ones), or values that no flag takes."""
+        said: dict[str, list[str]] = {}              # what is said: the flags it is said of
+        for i, word in enumerate(words):
+            if word.startswith("-") and not NUMBER.fullmatch(word):
+                flag, _, value = word.partition("=")
+                after = words[i + 1] if i + 1 < len(words) else "-"
+                value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
+                near = closest(flag, list(flags))
+                given, what = self.official(flag, value, flags) or (flag, "no such flag" + (
+                    f"; did you mean {' or '.join(near)}?" if near else "."))
+                said.setdefault(what, []).append(given)
         if not said:
             return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
                     f"none). `{self.command} --help` lists every flag.")
-        return f"{' '.join(said)} `{self.command} --help` lists every flag."
+        said_all = " ".join(f"{', '.join(given)}: {what}" for what, given in said.items())
+        return f"{said_all} `{self.command} --help` lists every flag."
+
+    def official(self, flag: str, value: str, flags: dict[str, argparse.Action]) -> tuple[str, str] | None:
+        """The official SimCSE code's `flag` (OFFICIAL) said as this command's, where it has one."""
+        ours, note = OFFICIAL.get(flag, ("-", ""))
+        if (ours.split() or ["--max_steps"])[0] not in flags:
+            return None
+        if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
+            note += f": pass --alpha {math.exp(float(value)):g}"
+        what = f"this project's {ours} (the official code's {flag}){note}." if ours else f"{note}."
+        return f"{flag} {value}".strip(), what
 
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
