@@ -51,11 +51,17 @@ def field_default(f: dataclasses.Field) -> Any:
 
 
 def check_ranges(args: Any) -> None:
-    """Every number finite (argparse reads inf and nan as floats) and every field in the range its
-    arg() declares, else a UserError: flag, value, rule, note, default."""
+    """Every number finite (argparse reads inf and nan as floats), every field in the range its
+    arg() declares, and every text UTF-8, else a UserError: flag, value, rule, note, default."""
     for f in dataclasses.fields(args):
         value, default = getattr(args, f.name), flag_text(f.name, field_default(f))
         for x in value if isinstance(value, list) else [value]:
+            # a byte that is not UTF-8 in argv (a file's name) comes as a surrogate: args.json, the
+            # log and run.lock, all UTF-8, could not write it
+            if isinstance(x, str) and x.encode(errors="ignore").decode() != x:
+                flag = "" if f.metadata.get("positional") else f"--{f.name} "
+                raise UserError(f"{flag}{os.fsencode(x).decode(errors='backslashreplace')}: not valid UTF-8: "
+                                f"rename the file or folder, and pass its new name.")
             if isinstance(x, float) and not math.isfinite(x):
                 raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
                                 f"{default}.")
