@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import hashlib
 import math
 import operator
 import os
@@ -107,12 +108,15 @@ def script_name(args: Any) -> str:
 
 def default_output_dir(args: Any) -> str:
     """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
-    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part."""
+    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part; a name
+    over 100 bytes is cut to 90, and a hash of the whole keeps it apart from others."""
     parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
              else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
              for name, value in changed_flags(args).items()]
-    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts))
-    return str(Path("runs") / script_name(args) / (name or "default"))
+    name = "".join(c if c.isalnum() or c in "-_.+" else "-" for c in "_".join(parts)) or "default"
+    if len(name.encode()) > 100:     # a file name holds 255 bytes at most: a long --data's would pass them
+        name = f"{name.encode()[:90].decode(errors='ignore')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return str(Path("runs") / script_name(args) / name)
 
 
 def closest(word: str, among: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT, cpu_env
+from plumbing.flags import default_output_dir
 from tools import bench, compare, download, translate
 from tools import eval as eval_tool
 
@@ -178,6 +180,23 @@ def test_a_name_that_is_not_utf8_is_refused_at_parse_time(tmp_path, tiny_bert, s
     assert r.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: --output_dir {tmp_path / 'run'}\\xff: not valid UTF-8"), err
     assert sorted(os.listdir(tmp_path)) == before                       # no folder, no run.lock
+
+
+def test_a_long_name_makes_a_default_run_folder_the_file_system_can_hold(tmp_path, monkeypatch):
+    """The default run folder is named after the flags that differ, --data's file name among them:
+    a name over 255 bytes could not be made (ENAMETOOLONG). A long one is cut, and a hash of the
+    whole keeps two such names apart."""
+    monkeypatch.chdir(tmp_path)
+    outs = [default_output_dir(common.parse_args(simcse.Args, ["--data", f"data/{'x' * 296}{end}.txt"]))
+            for end in "yz"]
+    outs.append(default_output_dir(common.parse_args(simcse.Args, ["--data", f"{'d' * 200}.txt",
+                                                                   "--model", "m" * 200])))
+    assert len(set(outs)) == 3
+    for out in outs:
+        assert out.startswith("runs/simcse/") and max(len(p.encode()) for p in Path(out).parts) <= 100, out
+        Path(out).mkdir(parents=True)
+    short = common.parse_args(focal_infonce.Args, ["--m", "0.2"])
+    assert default_output_dir(short) == "runs/focal_infonce/m0.2"            # a short name as it was
 
 
 @pytest.mark.parametrize("main,argv,msg", [
