@@ -100,11 +100,11 @@ class TrainArgs:
     cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
     compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
     # a script's own paper as the source of shared defaults it states too: {"lr": "paper Tab. 1"}
-    sources: ClassVar[dict[str, str]] = {}
+    SOURCES: ClassVar[dict[str, str]] = {}
     # defaults that replace the ones above when --data is a CSV (supervised SimCSE's)
-    csv_defaults: ClassVar[dict[str, Any]] = {}
-    # a script's flags that choose no paper row (another data file, say): select_rows
-    row_free: ClassVar[tuple[str, ...]] = ()
+    CSV_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    # a script's own flags that choose no paper row (another data file, say), beside flags.ROW_FREE
+    OWN_ROW_FREE: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
         """The flags on their own, before any file is read: ranges, the default --output_dir,

@@ -49,8 +49,8 @@ from common import UserError, arg
 @dataclass
 class Args(common.TrainArgs):
     """Shared flags: common.TrainArgs (SimCSE's defaults, kept by Tab. 3 and Sec. 4.3); ConIsI's:"""
-    row_free = ("antonyms",)   # the antonym table's file: a run with another still shows its row
-    sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
+    OWN_ROW_FREE = ("antonyms",)   # the antonym table's file: a run with another still shows its row
+    SOURCES = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
                "epochs": "paper Sec. 4.3", "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3",
                "weight_decay": "paper Sec. 4.3"}
     batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 per process "

@@ -84,8 +84,8 @@ def flag_text(name: str, value: Any) -> str:
 
 
 def defaults_of(args: Any) -> Any:
-    """The defaults of `args`' command on its kind of --data: with its csv_defaults for a CSV."""
-    return type(args)(**(getattr(type(args), "csv_defaults", {}) if _csv(args) else {}))
+    """The defaults of `args`' command on its kind of --data: with its CSV_DEFAULTS for a CSV."""
+    return type(args)(**(getattr(type(args), "CSV_DEFAULTS", {}) if _csv(args) else {}))
 
 
 def _csv(args: Any) -> bool:
@@ -222,7 +222,7 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default, hint, meta = field_default(f), hints[f.name], f.metadata
-        source = getattr(cls, "sources", {}).get(f.name, meta.get("source", "ours"))
+        source = getattr(cls, "SOURCES", {}).get(f.name, meta.get("source", "ours"))
         # the real default in --help; SUPPRESS tells parse_args which flags were given
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{meta.get('help', '')} [{source}]"
                               + ("" if default == "" else f" (default: {default})")}
@@ -247,7 +247,7 @@ def parse_args(cls: type, argv: list[str] | None = None, description: str | None
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
-    took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "csv_defaults", {}) if k not in given]
+    took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "CSV_DEFAULTS", {}) if k not in given]
     if took and _csv(args) and int(os.environ.get("RANK", "0")) == 0:     # once under torchrun
         print(f"note: --data {args.data} is a CSV, so these flags take the CSV's defaults: {' '.join(took)} "
               f"(a flag given on the command line wins)", file=sys.stderr)
@@ -272,12 +272,12 @@ def _model_name(model: str) -> str:
 def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], str]:
     """The rows (common.PaperRow) that `args` reproduces, each with its label, and a note ("" if
     none is needed). A row matches when its model and data are the run's and every flag that
-    changes training (all but NOT_TRAINING, ROW_FREE and the script's row_free) has the row's
+    changes training (all but NOT_TRAINING, ROW_FREE and the script's OWN_ROW_FREE) has the row's
     value, or the default where the row names none. A model the paper did not train (a testbed
     encoder, a local folder) is compared as the script's default model, its rows so labelled.
     No match: the note says so, naming the flags no row covers."""
     defaults = defaults_of(args)
-    free = {*NOT_TRAINING, *ROW_FREE, *type(args).row_free, "model"}
+    free = {*NOT_TRAINING, *ROW_FREE, *type(args).OWN_ROW_FREE, "model"}
     stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}
     model = _model_name(defaults.model if stand_in else args.model)
     csv_name = Path(args.data).name if _csv(args) else ""

@@ -4,6 +4,7 @@ the value and says what to pass instead, no traceback, and no --output_dir."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -197,6 +198,17 @@ def test_a_long_name_makes_a_default_run_folder_the_file_system_can_hold(tmp_pat
         Path(out).mkdir(parents=True)
     short = common.parse_args(focal_infonce.Args, ["--m", "0.2"])
     assert default_output_dir(short) == "runs/focal_infonce/m0.2"            # a short name as it was
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_args_constants_are_upper_case_not_read_as_fields(script):
+    """SOURCES, CSV_DEFAULTS, OWN_ROW_FREE are class constants beside the flags: a lower-case name
+    would read as one more field."""
+    cls = SCRIPTS[script].Args
+    fields = {f.name for f in dataclasses.fields(cls)}
+    constants = [k for c in cls.__mro__[:-1] for k, v in vars(c).items()
+                 if not k.startswith("_") and not callable(v) and k not in fields]
+    assert constants and all(k.isupper() for k in constants), constants
 
 
 @pytest.mark.parametrize("main,argv,msg", [
