@@ -107,9 +107,9 @@ class TrainArgs:
     OWN_ROW_FREE: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
-        """The flags on their own, before any file is read: ranges, the default --output_dir,
-        then rules() between flags. common.start then checks the files and the encoder."""
-        flags.check_ranges(self)
+        """What parse_args (ranges, rules()) leaves of the flags on their own, before any file is
+        read: the default --output_dir, a folder, and a budget to train. common.start then checks
+        the files and the encoder."""
         if not self.output_dir:
             self.output_dir = flags.default_output_dir(self)
         if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
@@ -118,11 +118,10 @@ class TrainArgs:
         if self.epochs == 0 and self.max_steps == 0:
             raise UserError("--epochs 0: train at least one epoch, or give --max_steps N to train "
                             "N steps whatever the epochs.")
-        self.rules()
 
     def rules(self) -> None:
-        """A script's own rules between flags (its Args overrides this); each error names the
-        flag and what to pass instead."""
+        """A script's own rules between flags (its Args overrides this), run by parse_args; each
+        error names the flag and what to pass instead."""
 
     def settle(self, data_rows: int) -> None:
         """Flags that depend on the data, settled before args.json is written (RCL's

@@ -416,7 +416,6 @@ def load_bel_f(args: Args, encoder: nn.Module) -> tuple:
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    args.rules()                                # the flags' own rules first (start() checks them again)
     if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     # x^-, the German sentences: their file checked now, before anything loads or is written

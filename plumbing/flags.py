@@ -241,12 +241,15 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
 
 def parse_args(cls: type, argv: list[str] | None = None, description: str | None = None,
                prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls`, each range checked; the
-    flags not given take the defaults of their kind of --data (defaults_of: a CSV's own, said in
-    a note). A training script's files and rules are checked by common.start (TrainArgs.check)."""
+    """The one way every command reads its flags: argparse from `cls`; each value checked
+    (check_ranges), then the rules between flags of a training script's Args, so that every flag's
+    mistake is refused here; the flags not given take the defaults of their kind of --data
+    (defaults_of: a CSV's own, said in a note). Its files are checked by common.start."""
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
+    if hasattr(args, "rules"):                   # the tools' flags have none
+        args.rules()
     took = [flag_text(k, getattr(args, k)) for k in getattr(cls, "CSV_DEFAULTS", {}) if k not in given]
     if took and _csv(args) and int(os.environ.get("RANK", "0")) == 0:     # once under torchrun
         print(f"note: --data {args.data} is a CSV, so these flags take the CSV's defaults: {' '.join(took)} "

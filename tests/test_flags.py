@@ -20,6 +20,7 @@ import ifcl
 import rcl
 import simcse
 from conftest import ROOT, cpu_env
+from plumbing import flags as flags_module
 from plumbing.flags import default_output_dir
 from tools import bench, compare, download, translate
 from tools import eval as eval_tool
@@ -209,6 +210,50 @@ def test_an_args_constants_are_upper_case_not_read_as_fields(script):
     constants = [k for c in cls.__mro__[:-1] for k, v in vars(c).items()
                  if not k.startswith("_") and not callable(v) and k not in fields]
     assert constants and all(k.isupper() for k in constants), constants
+
+
+RULES = [("simcse", ["--no_mlp", "--pooler", "cls"], "--no_mlp with --pooler cls"),
+         ("simcse", ["--alpha", "2"], "--alpha 2 with --data x.txt"),
+         ("focal_infonce", ["--data", "x.csv"], "--data x.csv: Focal-InfoNCE is unsupervised"),
+         ("ifcl", ["--margin", "fixed", "--omega_a", "0.5"], "--omega_a 0.5 below --omega_b 0.8"),
+         ("conisi", ["--data", "x.csv"], "--data x.csv: ConIsI is self-supervised")]
+
+
+@pytest.mark.parametrize("script,argv,msg", RULES, ids=[f"{s}:{' '.join(a)}" for s, a, _ in RULES])
+def test_the_rules_between_flags_are_checked_at_parse_time(script, argv, msg):
+    with pytest.raises(common.UserError, match=re.escape(msg)):
+        common.parse_args(SCRIPTS[script].Args, ["--data", "x.txt", *argv])
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ranges_and_rules_are_checked_once(script, tmp_path, tiny_bert, small_sts, corpus, parallel,
+                                           tiny_mbert, monkeypatch):
+    """parse_args checks both; start() goes on with what is left (here, up to reading --data)."""
+    module, calls = SCRIPTS[script], []
+    ranges, rules = flags_module.check_ranges, module.Args.rules
+    monkeypatch.setattr(flags_module, "check_ranges", lambda args: calls.append("ranges") or ranges(args))
+    monkeypatch.setattr(module.Args, "rules", lambda self: calls.append("rules") or rules(self))
+
+    def stop(path):
+        raise Stop
+
+    monkeypatch.setattr(common, "data_rows", stop)
+    with pytest.raises(Stop):
+        module.main(base_flags(script, tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert))
+    assert calls == ["ranges", "rules"]
+
+
+def test_conisis_two_sentences_a_process_are_checked_once_torchrun_has_started(monkeypatch):
+    """The one rule that needs the processes: settled in start(), after torchrun's group starts."""
+    args = common.parse_args(conisi.Args, ["--batch_size", "3"])
+    monkeypatch.setattr(common, "world", lambda: (0, 2))
+    with pytest.raises(common.UserError, match=r"--batch_size 3: ConIsI needs at least 2 sentences per "
+                                               r"process .* Use --batch_size 4 or more\."):
+        args.settle(100)
 
 
 @pytest.mark.parametrize("main,argv,msg", [
