@@ -1,7 +1,6 @@
-"""The command line's flags: one @dataclass of arg() fields per command becomes argparse flags,
-each with its help, the source of its default and its range; which flags a run changed, the run
-folder named after them, and which of a paper's rows they reproduce (select_rows). The shared
-training flags themselves are common.TrainArgs, the rows common.PaperRow."""
+"""The command line's flags: one @dataclass of arg() fields per command becomes argparse flags (help,
+source of the default, range); which flags a run changed, the run folder named after them, and the
+paper's rows they reproduce (select_rows). The training flags are common.TrainArgs, a row common.PaperRow."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ import operator
 import os
 import re
 import sys
-import typing
-from dataclasses import field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, get_args, get_origin, get_type_hints
 
 from plumbing.errors import UserError
 
@@ -30,12 +27,11 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
     """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
     official code, ours), its range (bounds: ge >=, gt >, le <=, lt <; each element of a list) and
     a `note` for a range error (the values the paper used). `positional`: compare's bare words."""
-    assert set(bounds) <= set(RANGE_WORDS), bounds
-    meta = {"help": help, "source": source, "choices": choices, "note": note, "positional": positional,
-            "range": bounds}
+    checks = [(*RANGE_WORDS[k], bound) for k, bound in bounds.items()]     # (">=", operator.ge, 0)
+    meta = dict(help=help, source=source, choices=choices, note=note, positional=positional, range=checks)
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 # Flags that say where and how a run is written and shown, not what it trains: --resume may
@@ -52,13 +48,13 @@ def field_default(f: dataclasses.Field) -> Any:
 
 
 def check_ranges(args: Any) -> None:
-    """Every number finite (argparse reads inf and nan as floats), every field in the range its
-    arg() declares, and every text UTF-8, else a UserError: flag, value, rule, note, default."""
+    """Every text UTF-8, every number finite (argparse reads inf and nan as floats) and in the range
+    its arg() declares, else a UserError: flag, value, rule, note, default."""
     for f in dataclasses.fields(args):
         value, default = getattr(args, f.name), flag_text(f.name, field_default(f))
+        note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
         for x in value if isinstance(value, list) else [value]:
-            # a byte that is not UTF-8 in argv (a file's name) comes as a surrogate: args.json, the
-            # log and run.lock, all UTF-8, could not write it
+            # a byte of argv that is not UTF-8 (in a file's name) comes as a surrogate: no UTF-8 file holds it
             if isinstance(x, str) and x.encode(errors="ignore").decode() != x:
                 flag = "" if f.metadata.get("positional") else f"--{f.name} "
                 raise UserError(f"{flag}{os.fsencode(x).decode(errors='backslashreplace')}: not valid UTF-8: "
@@ -66,9 +62,7 @@ def check_ranges(args: Any) -> None:
             if isinstance(x, float) and not math.isfinite(x):
                 raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
                                 f"{default}.")
-            for k, bound in f.metadata.get("range", {}).items():
-                word, ok = RANGE_WORDS[k]
-                note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+            for word, ok, bound in f.metadata.get("range", []):
                 if not ok(x, bound):
                     raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
                                     f"range, e.g. the default {default}.")
@@ -107,9 +101,8 @@ def script_name(args: Any) -> str:
 
 
 def default_output_dir(args: Any) -> str:
-    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2,
-    runs/ifcl/no_fraternal_no_queue, runs/simcse/default. A path is named by its last part; a name
-    over 100 bytes is cut to 90, and a hash of the whole keeps it apart from others."""
+    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2, runs/simcse/default;
+    a path named by its last part, a name over 100 bytes cut (a hash of the whole keeps it apart)."""
     parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
              else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
              for name, value in changed_flags(args).items()]
@@ -120,8 +113,7 @@ def default_output_dir(args: Any) -> str:
 
 
 def closest(word: str, among: list[str]) -> list[str]:
-    """What `word` most likely meant: the names it begins, else up to two look-alikes (--max-steps
-    for --max_steps too)."""
+    """What `word` most likely meant: the names it begins, else up to two look-alikes (difflib)."""
     return [o for o in among if o.startswith(word)][:3] or difflib.get_close_matches(word, among, 2, 0.75)
 
 
@@ -151,25 +143,19 @@ OFFICIAL = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse as every command reads its flags: a flag is never taken for another by its prefix
-    (allow_abbrev=False: `--max_step 5` is not --max_steps), and a refusal is one line, a UserError
-    (exit status 2 under run_main) that names the closest flag or value, not usage lines. --help is
-    argparse's own."""
-
-    def __init__(self, *a, command: str = "", defaults: dict[str, Any] | None = None, **kw):
-        super().__init__(*a, allow_abbrev=False, **kw)
-        self.command = command or self.prog          # as a user types it: python simcse.py
-        self.defaults = defaults or {}               # --flag: its default, for the examples
+    """argparse with allow_abbrev=False (build_parser: `--max_step 5` is refused, not taken for
+    --max_steps); a refusal is one line, a UserError (exit status 2 under run_main) that names the
+    closest flag or value, not usage lines. --help is argparse's own."""
+    command = ""                                 # as a user types it: python simcse.py
+    defaults: dict[str, Any] = {}                # --flag: its default, for the examples
 
     def error(self, message: str):
         """argparse's refusal (its `message`), said in one line."""
         flags = {o: a for a in self._actions for o in a.option_strings if o != "-h"}
         if message.startswith("unrecognized arguments: "):
             raise UserError(self.unknown(message.split(": ", 1)[1].split(" "), flags))
-        m = re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)
-        if m is None:
-            raise UserError(f"{message}. `{self.command} --help` lists every flag.")
-        flag, what = m[1].split("/")[0], m[2]
+        m = re.fullmatch(r"argument ([^:/]+)\S*: (.*)", message, re.S)
+        flag, what = m.groups() if m else ("", message)
         choice = re.match(r"invalid choice: (['\"])(.*?)\1", what)
         if choice and flag in flags:
             choices = [str(c) for c in flags[flag].choices]
@@ -177,49 +163,49 @@ class Parser(argparse.ArgumentParser):
             raise UserError(f"{flag} {choice[2]}: not one of {', '.join(choices)}"
                             + (f"; did you mean {flag} {' or '.join(near)}?" if near else "."))
         default = self.defaults.get(flag, "")
-        example = f", e.g. {flag_text(flag[2:], default)} (the default)" if default not in ("", []) else ""
+        shown = default not in ("", []) and default is not False       # a switch that is off: no example
+        example = f", e.g. {flag_text(flag[2:], default)} (the default)" if shown else ""
         if kind := re.match(r"invalid (int|float) value: (['\"])(.*)\2", what):
             word = "a whole number" if kind[1] == "int" else "a number"
             raise UserError(f"{flag} {kind[3]}: not {word}. Pass {word}{example}.")
-        raise UserError(f"{flag}: {what}{example}. `{self.command} --help` says what each flag takes.")
+        raise UserError(f"{flag + ': ' if flag else ''}{what}{example}. `{self.command} --help` says what "
+                        f"each flag takes.")
 
     def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
-        """What argparse could not place: flags it does not know (the official code's said as this
-        project's, the others with the closest ones), or values that no flag takes."""
+        """What argparse could not place: values no flag takes, or flags it does not know, each with
+        the closest ones or, the official code's (OFFICIAL), with this project's and what differs."""
         said: dict[str, list[str]] = {}              # what is said: the flags it is said of
         for i, word in enumerate(words):
-            if word.startswith("-") and not NUMBER.fullmatch(word):
-                flag, _, value = word.partition("=")
-                after = words[i + 1] if i + 1 < len(words) else "-"
-                value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
+            if not word.startswith("-") or NUMBER.fullmatch(word):
+                continue
+            flag, _, value = word.partition("=")
+            after = words[i + 1] if i + 1 < len(words) else "-"
+            value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
+            ours, what = OFFICIAL.get(flag, ("-", ""))
+            if (ours.split() or ["--max_steps"])[0] not in flags:        # "": a training command's
                 near = closest(flag, list(flags))
-                given, what = self.official(flag, value, flags) or (flag, "no such flag" + (
-                    f"; did you mean {' or '.join(near)}?" if near else "."))
-                said.setdefault(what, []).append(given)
+                said.setdefault("no such flag" + (f"; did you mean {' or '.join(near)}?" if near else "."), []
+                                ).append(flag)
+                continue
+            if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
+                what += f": pass --alpha {math.exp(float(value)):g}"
+            what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
+            said.setdefault(what, []).append(f"{flag} {value}".strip())
         if not said:
             return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
                     f"none). `{self.command} --help` lists every flag.")
         said_all = " ".join(f"{', '.join(given)}: {what}" for what, given in said.items())
         return f"{said_all} `{self.command} --help` lists every flag."
 
-    def official(self, flag: str, value: str, flags: dict[str, argparse.Action]) -> tuple[str, str] | None:
-        """The official SimCSE code's `flag` (OFFICIAL) said as this command's, where it has one."""
-        ours, note = OFFICIAL.get(flag, ("-", ""))
-        if (ours.split() or ["--max_steps"])[0] not in flags:
-            return None
-        if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
-            note += f": pass --alpha {math.exp(float(value)):g}"
-        what = f"this project's {ours} (the official code's {flag}){note}." if ours else f"{note}."
-        return f"{flag} {value}".strip(), what
-
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
     """argparse flags from a dataclass of arg() fields, each help line ending in [source] (default)."""
-    script = getattr(sys.modules.get(cls.__module__), "__file__", None)
     parser = Parser(description=description, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    command=prog or (f"python {Path(script).name}" if script else ""),
-                    defaults={f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)})
-    hints = typing.get_type_hints(cls)
+                    allow_abbrev=False)
+    script = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    parser.command = prog or (f"python {Path(script).name}" if script else parser.prog)
+    parser.defaults = {f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)}
+    hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default, hint, meta = field_default(f), hints[f.name], f.metadata
         source = getattr(cls, "SOURCES", {}).get(f.name, meta.get("source", "ours"))
@@ -233,18 +219,17 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
             action = argparse.BooleanOptionalAction if default else "store_true"
             parser.add_argument(f"--{f.name}", action=action, **kw)
         else:
-            many = typing.get_origin(hint) is list
-            parser.add_argument(f"--{f.name}", type=typing.get_args(hint)[0] if many else hint,
+            many = get_origin(hint) is list
+            parser.add_argument(f"--{f.name}", type=get_args(hint)[0] if many else hint,
                                 nargs="*" if many else None, **kw)
     return parser
 
 
 def parse_args(cls: type, argv: list[str] | None = None, description: str | None = None,
                prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls`; each value checked
-    (check_ranges), then the rules between flags of a training script's Args, so that every flag's
-    mistake is refused here; the flags not given take the defaults of their kind of --data
-    (defaults_of: a CSV's own, said in a note). Its files are checked by common.start."""
+    """The one way every command reads its flags: argparse from `cls`, each value checked, then a
+    training script's rules() between flags: every flag's mistake is refused here (its files, by
+    common.start). The flags not given take their kind of --data's defaults (a CSV's: a note)."""
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
@@ -260,25 +245,22 @@ def parse_args(cls: type, argv: list[str] | None = None, description: str | None
 def _same(a: Any, b: Any) -> bool:
     """A flag's value equals a row's: lists element by element, numbers up to rounding."""
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(a, b, rel_tol=1e-9)
-    return a == b
+        return len(a) == len(b) and all(map(_same, a, b))
+    numbers = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+    return math.isclose(a, b, rel_tol=1e-9) if numbers else a == b
 
 
 def _model_name(model: str) -> str:
-    """An encoder as rows name it: FacebookAI/roberta-base, roberta-base and a folder
-    .../roberta-base/ are one model."""
+    """An encoder as rows name it: FacebookAI/roberta-base, roberta-base, .../roberta-base/ are one."""
     return Path(model.rstrip("/")).name.lower()
 
 
 def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], str]:
-    """The rows (common.PaperRow) that `args` reproduces, each with its label, and a note ("" if
-    none is needed). A row matches when its model and data are the run's and every flag that
-    changes training (all but NOT_TRAINING, ROW_FREE and the script's OWN_ROW_FREE) has the row's
-    value, or the default where the row names none. A model the paper did not train (a testbed
-    encoder, a local folder) is compared as the script's default model, its rows so labelled.
-    No match: the note says so, naming the flags no row covers."""
+    """The rows (common.PaperRow) that `args` reproduces, each with its label, and a note ("" if none
+    is needed). A row matches when its model and data are the run's and every flag that changes
+    training (all but NOT_TRAINING, ROW_FREE and the script's OWN_ROW_FREE) has the row's value, or
+    the default where the row names none. A model the paper did not train is compared as the
+    script's default model, its rows so labelled. No match: the note names the flags no row covers."""
     defaults = defaults_of(args)
     free = {*NOT_TRAINING, *ROW_FREE, *type(args).OWN_ROW_FREE, "model"}
     stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}

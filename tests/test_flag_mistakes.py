@@ -58,6 +58,8 @@ MISTAKES = [
                                    "0.04 (the default)."),
     ("simcse", ["--lr"], "error: --lr: expected one argument, e.g. --lr 3e-05 (the default). `python "
                          "simcse.py --help` says what each flag takes."),
+    ("simcse", ["--no_mlp=3"], "error: --no_mlp: ignored explicit argument '3'. `python simcse.py --help` "
+                               "says what each flag takes."),      # no example: --no-no_mlp is none
     ("eval", ["--batch", "4"], "error: --batch: no such flag; did you mean --batch_size? `python "
                                "tools/eval.py --help` lists every flag."),
     ("eval", ["--pooler", "mean"], "error: --pooler mean: not one of cls, cls_before_pooler, avg, "
