@@ -182,15 +182,15 @@ class Parser(argparse.ArgumentParser):
             after = words[i + 1] if i + 1 < len(words) else "-"
             value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
             ours, what = OFFICIAL.get(flag, ("-", ""))
-            if (ours.split() or ["--max_steps"])[0] not in flags:        # "": a training command's
+            if (ours.split() or ["--max_steps"])[0] in flags:            # "": a training command's
+                if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
+                    what += f": pass --alpha {math.exp(float(value)):g}"
+                what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
+                flag = f"{flag} {value}".strip()
+            else:
                 near = closest(flag, list(flags))
-                said.setdefault("no such flag" + (f"; did you mean {' or '.join(near)}?" if near else "."), []
-                                ).append(flag)
-                continue
-            if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
-                what += f": pass --alpha {math.exp(float(value)):g}"
-            what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
-            said.setdefault(what, []).append(f"{flag} {value}".strip())
+                what = "no such flag" + (f"; did you mean {' or '.join(near)}?" if near else ".")
+            said.setdefault(what, []).append(flag)
         if not said:
             return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
                     f"none). `{self.command} --help` lists every flag.")
