@@ -100,24 +100,23 @@ class TrainArgs:
     cache_dir: str = arg("", "where tokenised data is cached (default: .cache beside --data)")
     compile: bool = arg(True, "torch.compile the step on CUDA (ignored on CPU)")
     # a script's own paper as the source of shared defaults it states too: {"lr": "paper Tab. 1"}
-    sources: ClassVar[dict[str, str]] = {}
+    SOURCES: ClassVar[dict[str, str]] = {}
     # defaults that replace the ones above when --data is a CSV (supervised SimCSE's)
-    csv_defaults: ClassVar[dict[str, Any]] = {}
-    # a script's flags that choose no paper row (another data file, say): select_rows
-    row_free: ClassVar[tuple[str, ...]] = ()
+    CSV_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    # a script's own flags that choose no paper row (another data file, say), beside flags.ROW_FREE
+    OWN_ROW_FREE: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
-        """The flags on their own, before any file is read: ranges, then rules() between flags.
-        common.start then checks the files and the encoder."""
-        flags.check_ranges(self)
+        """What parse_args (ranges, rules()) leaves of the flags on their own, before any file is
+        read: a budget to train. common.start then checks the files and the encoder, and names the
+        run folder (RunFolder.named)."""
         if self.epochs == 0 and self.max_steps == 0:
             raise UserError("--epochs 0: train at least one epoch, or give --max_steps N to train "
                             "N steps whatever the epochs.")
-        self.rules()
 
     def rules(self) -> None:
-        """A script's own rules between flags (its Args overrides this); each error names the
-        flag and what to pass instead."""
+        """A script's own rules between flags (its Args overrides this), run by parse_args; each
+        error names the flag and what to pass instead."""
 
     def settle(self, data_rows: int) -> None:
         """Flags that depend on the data, settled before args.json is written (RCL's

@@ -49,8 +49,8 @@ from common import UserError, arg
 @dataclass
 class Args(common.TrainArgs):
     """Shared flags: common.TrainArgs (SimCSE's defaults, kept by Tab. 3 and Sec. 4.3); ConIsI's:"""
-    row_free = ("antonyms",)   # the antonym table's file: a run with another still shows its row
-    sources = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
+    OWN_ROW_FREE = ("antonyms",)   # the antonym table's file: a run with another still shows its row
+    SOURCES = {"model": "paper Tab. 3", "lr": "paper Tab. 3", "data": "paper Sec. 4.1",
                "epochs": "paper Sec. 4.3", "seed": "paper Sec. 4.3", "eval_every": "paper Sec. 4.3",
                "weight_decay": "paper Sec. 4.3"}
     batch_size: int = arg(64, "sentences per step (global, over all GPUs); at least 2 per process "
@@ -83,16 +83,17 @@ class Args(common.TrainArgs):
     antonyms: str = arg("", "o2: a word<TAB>antonym file to use instead of nltk's WordNet")
 
     def rules(self) -> None:
-        world_size = common.world()[1]
-        if self.batch_size // world_size < 2:
-            raise UserError(f"--batch_size {self.batch_size}: ConIsI needs at least 2 sentences per "
-                            f"process (the head's BatchNorm, and strategy s draws c_i from the other "
-                            f"sentences). Use --batch_size {2 * world_size} or more.")
         if self.data.lower().endswith(".csv"):
             raise UserError(f"--data {self.data}: ConIsI is self-supervised and reads one sentence a "
                             f"line; give a text file (e.g. wiki1m_for_simcse.txt), not a CSV.")
 
     def settle(self, data_rows: int) -> None:
+        # the processes, once torchrun's group has started (rules() run before: parse_args)
+        world_size = common.world()[1]
+        if self.batch_size // world_size < 2:
+            raise UserError(f"--batch_size {self.batch_size}: ConIsI needs at least 2 sentences per "
+                            f"process (the head's BatchNorm, and strategy s draws c_i from the other "
+                            f"sentences). Use --batch_size {2 * world_size} or more.")
         # the encoder's positions, once common.start has checked the files and found --model
         positions = common.encoder_positions(self.model)
         if 2 * self.max_len > positions:

@@ -42,7 +42,7 @@ from common import arg
 @dataclass
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs (SimCSE's defaults, which this paper keeps)."""
-    sources = {"batch_size": "paper Tab. 1", "lr": "paper Tab. 1", "epochs": "official code"}
+    SOURCES = {"batch_size": "paper Tab. 1", "lr": "paper Tab. 1", "epochs": "official code"}
     data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised only)",
                     "paper Sec. 4")
     # NOTE(paper vs code): Sec. 4 prints tau {0.7, 0.7, 0.5, 0.5}; Tab. 4 (best 0.07 for

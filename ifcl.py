@@ -45,10 +45,10 @@ from plumbing import translation
 @dataclass
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs (SimCSE's defaults); IFCL changes and adds:"""
-    sources = {"epochs": "paper Sec. 4.1", "seed": "ours"}
+    SOURCES = {"epochs": "paper Sec. 4.1", "seed": "ours"}
     # the German side's file, its MT model and its embedding layer: a run with others still
     # shows the paper's rows (a reference)
-    row_free = ("fraternal_data", "mt_model", "fraternal_model")
+    OWN_ROW_FREE = ("fraternal_data", "mt_model", "fraternal_model")
     data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
                               "left out: made from --data with --mt_model on the first run and "
@@ -416,7 +416,6 @@ def load_bel_f(args: Args, encoder: nn.Module) -> tuple:
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    args.rules()                                # the flags' own rules first (start() checks them again)
     if args.no_fraternal:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     # x^-, the German sentences: their file checked now, before anything loads or is written

@@ -50,7 +50,7 @@ from plumbing.run_folder import Stage
 @dataclass
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs; RCL changes and adds (both stages share them):"""
-    sources = {"epochs": "paper App. A", "batch_size": "paper App. A", "max_len": "ours", "seed": "ours",
+    SOURCES = {"epochs": "paper App. A", "batch_size": "paper App. A", "max_len": "ours", "seed": "ours",
                "weight_decay": "ours", "max_grad_norm": "ours"}
     data: str = arg("data/nli_for_simcse.csv", "a CSV sent0,sent1[,hard_neg] (the paper's NLI form) "
                     "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")

@@ -97,7 +97,7 @@ class Args(common.TrainArgs):
             self.no_hard_neg = True
 
     # Supervised SimCSE (a CSV): paper App. A / official run_sup_example.sh; flags still win
-    csv_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
+    CSV_DEFAULTS = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "pooler": "cls"}
 
 
 # =====================================================================================

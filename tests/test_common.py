@@ -39,7 +39,7 @@ def test_parse_args_types_lists_bools_and_csv_defaults():
     assert a.batch_size == 64 and isinstance(a.lr, float)
     @dataclasses.dataclass
     class _CsvArgs(_Args):
-        csv_defaults: typing.ClassVar[dict] = {"batch_size": 512, "lr": 5e-5}
+        CSV_DEFAULTS: typing.ClassVar[dict] = {"batch_size": 512, "lr": 5e-5}
 
     b = common.parse_args(_CsvArgs, ["--data", "nli.csv"])
     assert (b.batch_size, b.lr) == (512, 5e-5)

@@ -4,9 +4,12 @@ the value and says what to pass instead, no traceback, and no --output_dir."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,9 @@ import focal_infonce
 import ifcl
 import rcl
 import simcse
-from conftest import ROOT
+from conftest import ROOT, cpu_env
+from plumbing import flags as flags_module
+from plumbing.flags import default_output_dir
 from tools import bench, compare, download, translate
 from tools import eval as eval_tool
 
@@ -160,6 +165,95 @@ def test_a_value_argparse_cannot_read_is_exit_2_too(tmp_path):
                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not (tmp_path / "run").exists()
+
+
+def test_a_name_that_is_not_utf8_is_refused_at_parse_time(tmp_path, tiny_bert, small_sts, corpus, parallel,
+                                                           tiny_mbert):
+    """A byte that is not UTF-8 in a path on the command line (Python gives it as a surrogate):
+    refused in one line that names the flag, before any folder or lock is made; args.json and the
+    log, which are UTF-8, could not name it."""
+    before = sorted(os.listdir(tmp_path))
+    argv = [os.fsencode(a) for a in base_flags("simcse", tmp_path, tiny_bert, small_sts, corpus, parallel,
+                                                tiny_mbert)]
+    r = subprocess.run([sys.executable, os.fsencode(ROOT / "simcse.py"), *argv, b"--output_dir",
+                        os.fsencode(tmp_path / "run") + b"\xff"], capture_output=True, timeout=300,
+                       env=cpu_env(), cwd=tmp_path)
+    err = r.stderr.decode(errors="backslashreplace")
+    assert r.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: --output_dir {tmp_path / 'run'}\\xff: not valid UTF-8"), err
+    assert sorted(os.listdir(tmp_path)) == before                       # no folder, no run.lock
+
+
+def test_a_long_name_makes_a_default_run_folder_the_file_system_can_hold(tmp_path, monkeypatch):
+    """The default run folder is named after the flags that differ, --data's file name among them:
+    a name over 255 bytes could not be made (ENAMETOOLONG). A long one is cut, and a hash of the
+    whole keeps two such names apart."""
+    monkeypatch.chdir(tmp_path)
+    outs = [default_output_dir(common.parse_args(simcse.Args, ["--data", f"data/{'x' * 296}{end}.txt"]))
+            for end in "yz"]
+    outs.append(default_output_dir(common.parse_args(simcse.Args, ["--data", f"{'d' * 200}.txt",
+                                                                   "--model", "m" * 200])))
+    assert len(set(outs)) == 3
+    for out in outs:
+        assert out.startswith("runs/simcse/") and max(len(p.encode()) for p in Path(out).parts) <= 100, out
+        Path(out).mkdir(parents=True)
+    short = common.parse_args(focal_infonce.Args, ["--m", "0.2"])
+    assert default_output_dir(short) == "runs/focal_infonce/m0.2"            # a short name as it was
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_args_constants_are_upper_case_not_read_as_fields(script):
+    """SOURCES, CSV_DEFAULTS, OWN_ROW_FREE are class constants beside the flags: a lower-case name
+    would read as one more field."""
+    cls = SCRIPTS[script].Args
+    fields = {f.name for f in dataclasses.fields(cls)}
+    constants = [k for c in cls.__mro__[:-1] for k, v in vars(c).items()
+                 if not k.startswith("_") and not callable(v) and k not in fields]
+    assert constants and all(k.isupper() for k in constants), constants
+
+
+RULES = [("simcse", ["--no_mlp", "--pooler", "cls"], "--no_mlp with --pooler cls"),
+         ("simcse", ["--alpha", "2"], "--alpha 2 with --data x.txt"),
+         ("focal_infonce", ["--data", "x.csv"], "--data x.csv: Focal-InfoNCE is unsupervised"),
+         ("ifcl", ["--margin", "fixed", "--omega_a", "0.5"], "--omega_a 0.5 below --omega_b 0.8"),
+         ("conisi", ["--data", "x.csv"], "--data x.csv: ConIsI is self-supervised")]
+
+
+@pytest.mark.parametrize("script,argv,msg", RULES, ids=[f"{s}:{' '.join(a)}" for s, a, _ in RULES])
+def test_the_rules_between_flags_are_checked_at_parse_time(script, argv, msg):
+    with pytest.raises(common.UserError, match=re.escape(msg)):
+        common.parse_args(SCRIPTS[script].Args, ["--data", "x.txt", *argv])
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ranges_and_rules_are_checked_once(script, tmp_path, tiny_bert, small_sts, corpus, parallel,
+                                           tiny_mbert, monkeypatch):
+    """parse_args checks both; start() goes on with what is left (here, up to reading --data)."""
+    module, calls = SCRIPTS[script], []
+    ranges, rules = flags_module.check_ranges, module.Args.rules
+    monkeypatch.setattr(flags_module, "check_ranges", lambda args: calls.append("ranges") or ranges(args))
+    monkeypatch.setattr(module.Args, "rules", lambda self: calls.append("rules") or rules(self))
+
+    def stop(path):
+        raise Stop
+
+    monkeypatch.setattr(common, "data_rows", stop)
+    with pytest.raises(Stop):
+        module.main(base_flags(script, tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert))
+    assert calls == ["ranges", "rules"]
+
+
+def test_conisis_two_sentences_a_process_are_checked_once_torchrun_has_started(monkeypatch):
+    """The one rule that needs the processes: settled in start(), after torchrun's group starts."""
+    args = common.parse_args(conisi.Args, ["--batch_size", "3"])
+    monkeypatch.setattr(common, "world", lambda: (0, 2))
+    with pytest.raises(common.UserError, match=r"--batch_size 3: ConIsI needs at least 2 sentences per "
+                                               r"process .* Use --batch_size 4 or more\."):
+        args.settle(100)
 
 
 @pytest.mark.parametrize("main,argv,msg", [

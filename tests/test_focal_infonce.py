@@ -207,7 +207,7 @@ def test_similarity_stats():
 def test_defaults_and_sources():
     a = common.parse_args(fi.Args, [])
     assert (a.tau, a.m, a.lr, a.batch_size, a.modulate) == (0.07, 0.3, 3e-5, 64, True)
-    src = {f.name: fi.Args.sources.get(f.name, f.metadata["source"]) for f in dataclasses.fields(fi.Args)}
+    src = {f.name: fi.Args.SOURCES.get(f.name, f.metadata["source"]) for f in dataclasses.fields(fi.Args)}
     assert (src["tau"], src["lr"], src["batch_size"]) == ("paper Tab. 4", "paper Tab. 1", "paper Tab. 1")
     assert common.parse_args(fi.Args, ["--no-modulate", "--m", "0.2"]).modulate is False
 

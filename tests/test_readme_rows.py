@@ -119,7 +119,7 @@ def test_every_paper_row_is_well_formed():
     for script in SCRIPTS:
         module = importlib.import_module(script)
         fields = {f.name for f in dataclasses.fields(module.Args)}
-        free = set(common.NOT_TRAINING) | set(flags.ROW_FREE) | set(module.Args.row_free) | {"model"}
+        free = set(common.NOT_TRAINING) | set(flags.ROW_FREE) | set(module.Args.OWN_ROW_FREE) | {"model"}
         for r in module.PAPER_ROWS:
             assert r.split in ("test", "dev") and r.figures, r
             assert set(r.figures) <= set(common.FIGURE_KEYS), r
