@@ -435,6 +435,17 @@ def test_checkpoint_is_what_sentence_transformers_itself_writes(tiny_bert, corpu
     assert "SentenceTransformer(" in export.what_next(tmp_path / "ckpt", str(model), pooler, "data/sts")
 
 
+def test_a_pooler_sentence_transformers_has_no_module_for_saves_for_transformers(tiny_bert, tmp_path, capsys):
+    from transformers import AutoModel
+    tok, enc = common.load_encoder(str(tiny_bert))
+    folder = tmp_path / "ckpt"
+    export.save_pretrained_dir(folder, enc, tok, "avg_first_last", extra={"x.json": {"a": 1}})
+    assert "sentence-transformers has no 'avg_first_last' pooling" in capsys.readouterr().err
+    assert not (folder / "modules.json").exists() and json.loads((folder / "x.json").read_text()) == {"a": 1}
+    AutoModel.from_pretrained(folder)
+    assert "AutoModel.from_pretrained" in export.what_next(folder, "m", "avg_first_last", "data/sts")
+
+
 def test_ctrl_c_says_how_to_continue(capsys):
     def main(argv):
         raise KeyboardInterrupt
