@@ -424,6 +424,40 @@ def test_checkpoint_loads_in_automodel_and_sentence_transformers(tiny_bert, tmp_
     assert json.loads((tmp_path / "ckpt" / "x.json").read_text()) == {"a": 1}
 
 
+@pytest.mark.parametrize("arch,pooler", [("bert", "cls"), ("roberta", "avg")])
+def test_checkpoint_is_what_sentence_transformers_itself_writes(tiny_bert, corpus, tmp_path, arch, pooler):
+    """The folder holds what sentence-transformers' own save() writes, in the schema of the version
+    installed, not an older one it reads through its compatibility code: loaded and saved again, every
+    JSON file is the same (modules.json, config_sentence_transformers.json, each module's config).
+    Its length limit is the encoder's positions (RoBERTa's: 2 fewer than its table)."""
+    from sentence_transformers import SentenceTransformer
+
+    from conftest import build_tiny_roberta
+    model = tiny_bert if arch == "bert" else build_tiny_roberta(tmp_path / "rob", [corpus])
+    tok, enc = common.load_encoder(str(model))
+    mlp = common.MLP(enc.config.hidden_size) if pooler == "cls" else None
+    export.save_pretrained_dir(tmp_path / "ckpt", enc, tok, pooler, mlp)
+    st = SentenceTransformer(str(tmp_path / "ckpt"), device="cpu")
+    st.save(str(tmp_path / "again"), create_model_card=False)
+    ours, again = ({p.relative_to(d).as_posix(): json.loads(p.read_text()) for p in d.rglob("*.json")}
+                   for d in (tmp_path / "ckpt", tmp_path / "again"))
+    assert "config_sentence_transformers.json" in again
+    assert ours == again, [name for name in sorted(ours | again) if ours.get(name) != again.get(name)]
+    assert st.max_seq_length == inputs.max_positions(enc.config) == 256   # RoBERTa: 258 in its table
+    assert "SentenceTransformer(" in export.what_next(tmp_path / "ckpt", str(model), pooler, "data/sts")
+
+
+def test_a_pooler_sentence_transformers_has_no_module_for_saves_for_transformers(tiny_bert, tmp_path, capsys):
+    from transformers import AutoModel
+    tok, enc = common.load_encoder(str(tiny_bert))
+    folder = tmp_path / "ckpt"
+    export.save_pretrained_dir(folder, enc, tok, "avg_first_last", extra={"x.json": {"a": 1}})
+    assert "sentence-transformers has no 'avg_first_last' pooling" in capsys.readouterr().err
+    assert not (folder / "modules.json").exists() and json.loads((folder / "x.json").read_text()) == {"a": 1}
+    AutoModel.from_pretrained(folder)
+    assert "AutoModel.from_pretrained" in export.what_next(folder, "m", "avg_first_last", "data/sts")
+
+
 def test_ctrl_c_says_how_to_continue(capsys):
     def main(argv):
         raise KeyboardInterrupt
