@@ -41,7 +41,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,13 +73,12 @@ class Args:
 
 
 def _read_json(path: Path) -> dict:
+    """A run's JSON file, or one line that names it, says why it is no JSON object and what to do."""
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as e:
-        raise UserError(f"{path}: not readable JSON ({e}). Was the file cut short or edited by hand?")
-    if not isinstance(obj, dict):
-        raise UserError(f"{path}: expected a JSON object.")
-    return obj
+        return inputs.read_json_object(path)
+    except ValueError as e:
+        raise UserError(f"{path}: not a readable JSON object ({e}). Was the file cut short or edited by "
+                        f"hand? Train the run again, or leave it out.")
 
 
 def result_tasks(res: dict) -> list[str]:
@@ -259,18 +258,24 @@ MECHANISM = {
 STAGE_MECHANISM = ("loss", "phi_entropy", "entropy")
 
 
-def training_records(folder: Path) -> list[dict]:
-    """The training records of a run's metrics.jsonl (those with a learning rate), in step order; a
-    step logged twice (as after a --resume) keeps its last record; a line cut short is skipped."""
+def log_records(folder: Path, wanted: Callable[[dict], bool]) -> list[dict]:
+    """The records of a run's metrics.jsonl that `wanted` keeps, one a step, in step order: a step
+    logged twice (as after a --resume) keeps its last record; a line cut short by an interruption,
+    or one without a step, is skipped. compare's one reader of the log."""
     by_step, path = {}, folder / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
             record = json.loads(line)
-            if isinstance(record, dict) and "lr" in record:
+            if isinstance(record, dict) and wanted(record):
                 by_step[int(record["step"])] = record
         except (ValueError, KeyError, TypeError):
             continue
     return [by_step[s] for s in sorted(by_step)]
+
+
+def training_records(folder: Path) -> list[dict]:
+    """The training records of a run's metrics.jsonl (those with a learning rate), in step order."""
+    return log_records(folder, lambda record: "lr" in record)
 
 
 def _steps(records: list[dict], i: int) -> str:
@@ -331,19 +336,12 @@ def format_mechanism(rows: list[dict], markdown: bool = False) -> str:
 
 
 def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
-    """The evaluation records of a run's metrics.jsonl that hold every one of `keys`, in training
-    order (by step; a step logged twice, as after a --resume, keeps its last record): (steps,
-    one list of values a key)."""
-    by_step, path = {}, folder / "metrics.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-            if isinstance(record, dict) and all(k in record for k in keys):
-                by_step[int(record["step"])] = [float(record[k]) for k in keys]
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by an interruption
-    steps = sorted(by_step)
-    return steps, [[by_step[s][i] for s in steps] for i in range(len(keys))]
+    """The evaluation records of a run's metrics.jsonl that hold a number for every one of `keys`,
+    in training order: (steps, one list of values a key)."""
+    def wanted(record: dict) -> bool:
+        return all(isinstance(record.get(k), (int, float)) for k in keys)
+    records = log_records(folder, wanted)
+    return [int(r["step"]) for r in records], [[float(r[k]) for r in records] for k in keys]
 
 
 def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
