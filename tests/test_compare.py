@@ -3,6 +3,7 @@ BERT, and one real tiny run compared end to end."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -26,16 +27,25 @@ FOCAL_ARGS = {**SIMCSE_ARGS, "tau": 0.07, "m": 0.3, "modulate": True}
 def make_run(folder: Path, args: dict | None, scores: list[float] | None, script: str | None = "simcse.py",
              pooler: str | None = "cls_before_pooler",
              curve: list[tuple[int, float]] = ((2, 50.0), (4, 55.0)), tasks: list[str] = TASKS,
-             align_uniform: list[tuple[float, float]] | None = None) -> Path:
+             align_uniform: list[tuple[float, float]] | None = None,
+             code: dict[str, str] | None = None) -> Path:
     """A run folder written by hand: args.json, run.json, metrics.jsonl, best/test_metrics.json.
     `scores` = one figure a task (avg = their mean); None leaves the run unfinished.
     `align_uniform` = (alignment, uniformity) of each evaluation in `curve`; None writes a log
-    from before they were recorded."""
+    from before they were recorded. `code` = {file: text}: the code the run started with, as a
+    run records it (run.json's "code": each file's sha256; code/: the copies); None: a run from
+    before code was recorded."""
     folder.mkdir(parents=True)
     if args is not None:
         (folder / "args.json").write_text(json.dumps({**args, "output_dir": str(folder)}))
     if script is not None:
-        (folder / "run.json").write_text(json.dumps({"script": script}))
+        record = {"script": script, "data_sha256": "0" * 64}
+        if code is not None:
+            record["code"] = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in code.items()}
+            for name, text in code.items():
+                (folder / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / "code" / name).write_bytes(text.encode())
+        (folder / "run.json").write_text(json.dumps(record))
     lines = []
     for i, (step, dev) in enumerate(curve):
         lines.append(json.dumps({"step": step - 1, "loss": 1.0, "lr": 1e-5, "sent_per_s": 9.0, "epoch": 0}))
@@ -51,6 +61,20 @@ def make_run(folder: Path, args: dict | None, scores: list[float] | None, script
             res["pooler"] = pooler
         (folder / "best" / "test_metrics.json").write_text(json.dumps(res))
     return folder
+
+
+# the code of this checkout, and the student's ablation: the temperature doubled inside simcse_loss
+TAU_LINE = "    return F.cross_entropy(sim / tau, labels)"
+TAU_DOUBLED = "    return F.cross_entropy(sim / (2 * tau), labels)"
+CHECKOUT = {name: (ROOT / name).read_bytes().decode("utf-8") for name in ("simcse.py", "common.py")}
+EDITED = {**CHECKOUT, "simcse.py": CHECKOUT["simcse.py"].replace(TAU_LINE, TAU_DOUBLED)}
+assert EDITED["simcse.py"] != CHECKOUT["simcse.py"]
+
+
+def code_id(code: dict[str, str]) -> str:
+    """The short id compare gives a code: its first 6 hex digits, computed here as the docs say."""
+    shas = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in code.items()}
+    return hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()[:6]
 
 
 def compare(argv: list[str]) -> None:
@@ -142,6 +166,78 @@ def test_paths_in_labels_are_shortened_to_what_tells_them_apart(tmp_path):
     labels = [g["label"] for g in tool.group_runs([tool.read_run(a), tool.read_run(b)])]
     assert labels == ["simcse.py data=one/train.txt model=all-MiniLM-L6-v2 [cls_before_pooler]",
                       "simcse.py data=two/train.txt model=bert-base-uncased [avg]"]
+
+
+# ------------------------------------------------------------------------ the code a run started with
+
+def test_an_edit_of_the_code_is_a_row_of_its_own_not_seed_noise(tmp_path, capsys, monkeypatch):
+    """The student's ablation: the same command, once with this checkout's code and once with the
+    temperature doubled in simcse_loss: two rows of n 1 (not one row of n 2, 75.81 ± 0.68), their
+    code told apart in the labels, the table and the plot's legend; no "same seed twice"."""
+    base = [70.0, 78.0, 74.0, 82.0, 78.0, 80.0, 72.03]                      # avg 76.29
+    original = make_run(tmp_path / "original", SIMCSE_ARGS, base, code=CHECKOUT)
+    edited = make_run(tmp_path / "edited", SIMCSE_ARGS, [b - 0.96 for b in base], code=EDITED)
+    import matplotlib.figure
+    saved, savefig = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    compare([original, edited, "--plot", tmp_path / "dev.png"])
+    out, err = capsys.readouterr()
+    labels = [f"simcse.py [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's",
+              f"simcse.py [cls_before_pooler] code {code_id(EDITED)}: simcse.py differs"]
+    rows = out.splitlines()
+    assert rows[1].startswith(labels[0]) and rows[1].split()[-1] == "76.29"
+    assert rows[2].startswith(labels[1]) and rows[2].split()[-1] == "75.33"
+    assert [row[len(label):].split()[0] for row, label in zip(rows[1:3], labels)] == ["1", "1"]
+    assert "±" not in rows[1] + rows[2]
+    assert tool.CODE_NOTE in out
+    assert "same seed twice" not in err
+    (fig,) = saved
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == [f"{label}, n=1" for label in labels]
+
+
+def test_the_code_part_is_added_only_where_the_code_differs(tmp_path):
+    """Flags only: today's labels. Flags and code: the flags, and the code too (a row whose code
+    differs says so, whatever else differs). A script whose rows share their code: no code part,
+    even beside another script's rows that differ."""
+    base = [70.0] * 7
+    same = [make_run(tmp_path / "a", SIMCSE_ARGS, base, code=CHECKOUT),
+            make_run(tmp_path / "b", {**SIMCSE_ARGS, "tau": 0.1}, base, code=CHECKOUT)]
+    assert [g["label"] for g in tool.group_runs([tool.read_run(p) for p in same])] == [
+        "simcse.py tau=0.05 [cls_before_pooler]", "simcse.py tau=0.1 [cls_before_pooler]"]
+    assert not tool.compare_table(tool.group_runs([tool.read_run(p) for p in same]))["code_note"]
+    both = [same[0], make_run(tmp_path / "c", {**SIMCSE_ARGS, "tau": 0.1}, base, code=EDITED)]
+    focal_code = {"focal_infonce.py": "# focal\n", "common.py": "# an older common.py\n"}
+    focal = [make_run(tmp_path / f"focal-s{seed}", {**FOCAL_ARGS, "seed": seed}, base, "focal_infonce.py",
+                      code=focal_code) for seed in (1, 2)]
+    groups = tool.group_runs([tool.read_run(p) for p in (*both, *focal)])
+    labels = [g["label"] for g in groups]
+    assert labels[0] == f"simcse.py tau=0.05 [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's"
+    assert labels[1] == f"simcse.py tau=0.1 [cls_before_pooler] code {code_id(EDITED)}: simcse.py differs"
+    assert labels[2] == "focal_infonce.py tau=0.07 [cls_before_pooler]" and len(groups[2]["runs"]) == 2
+    # a code that differs from this checkout in two files names both
+    two = {"simcse.py": "# another\n", "common.py": "# another\n"}
+    (g1, g2) = tool.group_runs([tool.read_run(same[0]), tool.read_run(
+        make_run(tmp_path / "d", SIMCSE_ARGS, base, code=two))])
+    assert g2["label"].endswith(f"code {code_id(two)}: simcse.py, common.py differ")
+
+
+def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys):
+    """Runs from before code was recorded: never merged with a run whose code is known (its code is
+    unknown), merged with each other as before."""
+    base = [70.0] * 7
+    old = [make_run(tmp_path / f"old-s{seed}", {**SIMCSE_ARGS, "seed": seed}, base) for seed in (1, 2)]
+    new = make_run(tmp_path / "new", {**SIMCSE_ARGS, "seed": 3}, base, code=CHECKOUT)
+    groups = tool.group_runs([tool.read_run(p) for p in (*old, new)])
+    assert [(g["label"], len(g["runs"])) for g in groups] == [
+        ("simcse.py [cls_before_pooler] code not recorded", 2),
+        (f"simcse.py [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's", 1)]
+    assert [g["label"] for g in tool.group_runs([tool.read_run(p) for p in old])] == [
+        "simcse.py [cls_before_pooler]"]
+    (new / "run.json").write_text(json.dumps({"script": "simcse.py", "code": {"../etc/passwd": "0" * 64}}))
+    err = error_of([new], capsys)
+    assert f"{new / 'run.json'}: its \"code\" is not {{file: sha256 hex}}" in err
 
 
 def test_runs_from_before_scripts_and_poolers_were_recorded(tmp_path):

@@ -35,8 +35,11 @@ of the second panel (with a note); when no run has them, the dev curves are draw
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -49,6 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/c
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 from plumbing import inputs  # noqa: E402
+from plumbing.atomic_writes import sha256_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]   # this checkout: a run's recorded code is held against its files
 
 # NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
 # common's one list of flags that say where and how a run is written, not what it trains
@@ -56,6 +62,9 @@ IGNORED = ("seed", *common.NOT_TRAINING)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
         "evaluation; n seeds: mean ± sample std (ddof=1).")
+CODE_NOTE = ("code ID: the code a run started with (run.json's sha256 of each file; a copy in the run's "
+             "code/); this checkout's: the same files as the checkout compare runs from; F differs: F is not "
+             "this checkout's.")
 
 
 @dataclass
@@ -105,8 +114,9 @@ def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
 
 
 def read_run(folder: str | Path, plot: bool = False) -> dict:
-    """One folder: {"path", "args" (args.json or None), "script", "test" (the 7-task result, or
-    None: drawn only), "pooler"}. Anything else is a UserError that names it and what to do."""
+    """One folder: {"path", "args" (args.json or None), "script", "code" ({file: sha256}, or None:
+    not recorded), "test" (the 7-task result, or None: drawn only), "pooler"}. Anything else is a
+    UserError that names it and what to do."""
     p = Path(folder)
     args_f, test_f, log_f = p / "args.json", p / "best" / "test_metrics.json", p / "metrics.jsonl"
     if not p.is_dir():
@@ -127,8 +137,9 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     if not finished and not log_f.is_file():
         raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. "
                         f"Leave it out.")
+    record = _read_json(p / "run.json") if (p / "run.json").is_file() else {}
     run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
-           "script": _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None}
+           "script": record.get("script"), "code": recorded_code(p / "run.json", record)}
     if finished:
         run["test"] = _read_json(test_f)
         if not result_tasks(run["test"]) or not isinstance(run["test"].get("avg"), (int, float)):
@@ -137,6 +148,55 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     # flag evaluates with it; the others (ifcl.py, conisi.py) stay unknown
     run["pooler"] = (run["test"] or {}).get("pooler") or (run["args"] or {}).get("pooler")
     return run
+
+
+def recorded_code(run_json: Path, record: dict) -> dict[str, str] | None:
+    """The code a run started with, as its run.json records it: {file: sha256}, the script first;
+    None for a run from before code was recorded (its code is unknown: a row of its own)."""
+    code = record.get("code")
+    if code is None:
+        return None
+    if not isinstance(code, dict) or not code or not all(
+            isinstance(name, str) and _plain_path(name) and isinstance(sha, str)
+            and re.fullmatch("[0-9a-f]{64}", sha) for name, sha in code.items()):
+        raise UserError(f"{run_json}: its \"code\" is not {{file: sha256 hex}} as a run records it. Was the "
+                        f"file edited by hand? Train the run again, or leave it out.")
+    return dict(code)
+
+
+def _plain_path(name: str) -> bool:
+    """A file of the repository by its relative path: no absolute path, no `..`, nothing empty."""
+    return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+@functools.lru_cache(maxsize=None)
+def checkout_sha256(name: str) -> str | None:
+    """The sha256 of `name` in this checkout (the repository compare runs from), or None: no such file."""
+    return sha256_file(ROOT / name) if (ROOT / name).is_file() else None
+
+
+def _code_key(code: dict | None) -> str:
+    return json.dumps(code, sort_keys=True)
+
+
+def code_ids(codes: list[dict]) -> dict[str, str]:
+    """A short id for each code (_code_key -> the first hex digits of its sha256): 6 digits, or as
+    many more as tell these codes apart."""
+    full = {_code_key(c): hashlib.sha256(_code_key(c).encode()).hexdigest() for c in codes}
+    n = 6
+    while len({h[:n] for h in full.values()}) < len(full):
+        n += 1
+    return {k: h[:n] for k, h in full.items()}
+
+
+def code_label(code: dict | None, ids: dict[str, str]) -> str:
+    """A row's code part: `code 3f2a1c: this checkout's`, `code 9b1d0e: simcse.py differs` (from this
+    checkout's file) or `code not recorded` (a run from before code was recorded)."""
+    if code is None:
+        return "code not recorded"
+    differ = [name for name, sha in code.items() if checkout_sha256(name) != sha]
+    what = "this checkout's" if not differ else f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
+    return f"code {ids[_code_key(code)]}: {what}"
 
 
 def _fmt(v: Any) -> str:
@@ -154,15 +214,16 @@ def _short_paths(values: list[str]) -> dict[str, str]:
 
 
 def group_runs(runs: list[dict]) -> list[dict]:
-    """Runs with the same script, pooler and args.json but for IGNORED form one group, in the
-    order first given: {"runs", "label", "finished"}. A label names the script (or, for a run
-    from before scripts were recorded, its folder), the flags whose values differ between
-    groups, and the pooler of the final evaluation."""
+    """Runs with the same script, code, pooler and args.json but for IGNORED form one group, in
+    the order first given: {"runs", "label", "finished", "code_shown"}. A label names the script
+    (or, for a run from before scripts were recorded, its folder), the flags whose values differ
+    between groups, the pooler of the final evaluation, and where the groups of its script started
+    with different code, its code (code_label): an edit shows as a row, not as seed noise."""
     groups: dict[Any, dict] = {}
     for r in runs:
         trained = None if r["args"] is None else {k: v for k, v in r["args"].items() if k not in IGNORED}
         key = (("folder", str(r["path"])) if trained is None else   # drawn only: a group of its own
-               (r["test"] is not None, r["script"], r["pooler"],
+               (r["test"] is not None, r["script"], r["pooler"], _code_key(r["code"]),
                 json.dumps(trained, sort_keys=True, default=str)))
         groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
     out = list(groups.values())
@@ -172,8 +233,14 @@ def group_runs(runs: list[dict]) -> list[dict]:
         strs = [_fmt(args[k]) for args in firsts if k in args]
         if len({json.dumps(args[k], sort_keys=True, default=str) for args in firsts if k in args}) > 1:
             differing[k] = _short_paths(strs) if any("/" in s for s in strs) else {s: s for s in strs}
+    # the scripts whose groups started with different code (a run whose code is unknown included)
+    codes_of: dict[Any, set] = {}
+    for g in (g for g in out if g["runs"][0]["args"] is not None):
+        codes_of.setdefault(g["runs"][0]["script"], set()).add(_code_key(g["runs"][0]["code"]))
+    ids = code_ids([g["runs"][0]["code"] for g in out if g["runs"][0]["code"] is not None])
     for g in out:
         first = g["runs"][0]
+        g["code_shown"] = first["args"] is not None and len(codes_of[first["script"]]) > 1
         if first["args"] is None:
             parent = first["path"].parent
             run_json = parent / "run.json"
@@ -183,7 +250,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
         names = [str(r["path"]) for r in g["runs"]]
         head = first["script"] or (os.path.commonprefix(names).rstrip("-_./") or names[0])
         flags = [f"{k}={differing[k][_fmt(first['args'][k])]}" for k in differing if k in first["args"]]
-        g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]"]) \
+        code = [code_label(first["code"], ids)] if g["code_shown"] else []
+        g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]", *code]) \
             + ("" if g["finished"] else " (unfinished)")
     return out
 
@@ -214,7 +282,7 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
         rows.append({"label": g["label"], "n": len(per_run), "runs": [r["path"] for r in g["runs"]],
                      "mean": dict(zip(tasks + ["avg"], per_run.mean(0).tolist())),
                      "std": dict(zip(tasks + ["avg"], std))})
-    return {"tasks": tasks, "rows": rows}
+    return {"tasks": tasks, "rows": rows, "code_note": any(g["code_shown"] for g in finished)}
 
 
 def _cells(table: dict) -> tuple[list[str], list[list[str]]]:
@@ -232,7 +300,7 @@ def format_compare(table: dict) -> str:
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
     lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}"
               + "".join(f"{c:>{cw}s}" for c in row) for r, row in zip(table["rows"], cells)]
-    return "\n".join(lines + [NOTE])
+    return "\n".join(lines + [NOTE] + ([CODE_NOTE] if table.get("code_note") else []))
 
 
 def format_markdown(table: dict, command: str) -> str:
@@ -242,7 +310,8 @@ def format_markdown(table: dict, command: str) -> str:
     for r, row in zip(table["rows"], cells):
         n = "-" if r["n"] is None else str(r["n"])
         lines.append("| " + " | ".join([r["label"].replace("|", "\\|"), n] + row) + " |")
-    return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
+    code_note = f" {CODE_NOTE}" if table.get("code_note") else ""
+    return "\n".join(lines) + f"\n\n{NOTE}{code_note} Made with `{command}`.\n"
 
 
 # What each method's own part acts on, as its script logs it in every training record of
