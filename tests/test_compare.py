@@ -190,7 +190,7 @@ def test_an_edit_of_the_code_is_a_row_of_its_own_not_seed_noise(tmp_path, capsys
     assert rows[2].startswith(labels[1]) and rows[2].split()[-1] == "75.33"
     assert [row[len(label):].split()[0] for row, label in zip(rows[1:3], labels)] == ["1", "1"]
     assert "±" not in rows[1] + rows[2]
-    assert tool.CODE_NOTE in out
+    assert tool.CODE_NOTE in out and "--code_diff" in tool.CODE_NOTE
     assert "same seed twice" not in err
     (fig,) = saved
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -238,6 +238,40 @@ def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys):
     (new / "run.json").write_text(json.dumps({"script": "simcse.py", "code": {"../etc/passwd": "0" * 64}}))
     err = error_of([new], capsys)
     assert f"{new / 'run.json'}: its \"code\" is not {{file: sha256 hex}}" in err
+
+
+def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys):
+    """Two runs: a unified diff of each file whose recorded code differs, from their code/ copies
+    (an unfinished run's too). One run: this checkout's file (-) against the run's copy (+). A run
+    without a record of its code says so in one line; a copy changed after the run, in a note."""
+    original = make_run(tmp_path / "original", SIMCSE_ARGS, [70.0] * 7, code=CHECKOUT)
+    edited = make_run(tmp_path / "edited", SIMCSE_ARGS, None, code=EDITED)             # Ctrl-C'd: no best/
+    compare([original, edited, "--code_diff"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [f"--- {original}/code/simcse.py", f"+++ {edited}/code/simcse.py"]
+    shape = "                                 # ()"
+    assert [line for line in out if line[:1] in "-+" and line[:3] not in ("---", "+++")] == [
+        "-" + TAU_LINE + shape, "+" + TAU_DOUBLED + shape]
+    assert out[-1] == "the same in both: common.py"
+    compare([edited, "--code_diff"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["--- simcse.py (this checkout)", f"+++ {edited}/code/simcse.py"]
+    assert "+" + TAU_DOUBLED + shape in out
+    compare([original, "--code_diff"])
+    assert capsys.readouterr().out == f"this checkout and {original}: the same code (simcse.py, common.py)\n"
+    old = make_run(tmp_path / "old", SIMCSE_ARGS, [70.0] * 7)
+    compare([old, edited, "--code_diff"])
+    assert capsys.readouterr().out == (f"{old}: no record of its code (its run.json has no \"code\": a run "
+                                       f"of an earlier version); nothing to diff\n")
+    with open(edited / "code" / "simcse.py", "a") as f:
+        f.write("# changed after the run started\n")
+    compare([original, edited, "--code_diff"])
+    out = capsys.readouterr().out
+    assert f"note: {edited}/code/simcse.py: not the file {edited}/run.json records" in out
+    assert "+# changed after the run started" in out
+    err = error_of([original, edited, old, "--code_diff"], capsys)
+    assert "--code_diff: 3 run folders" in err and "give two runs, or one" in err
+    assert "leave out --plot" in error_of([original, "--code_diff", "--plot", tmp_path / "a.png"], capsys)
 
 
 def test_runs_from_before_scripts_and_poolers_were_recorded(tmp_path):

@@ -35,6 +35,7 @@ of the second panel (with a note); when no run has them, the dev curves are draw
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -64,7 +65,7 @@ NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler 
         "evaluation; n seeds: mean ± sample std (ddof=1).")
 CODE_NOTE = ("code ID: the code a run started with (run.json's sha256 of each file; a copy in the run's "
              "code/); this checkout's: the same files as the checkout compare runs from; F differs: F is not "
-             "this checkout's.")
+             "this checkout's. What differs: `python tools/compare.py RUN_A RUN_B --code_diff`.")
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Args:
     plot: str = arg("", "draw into this image (.png, .pdf or .svg; needs matplotlib) each run's STS-B "
                     "dev curve over the steps and, beside it, its alignment against uniformity over "
                     "training (SimCSE Fig. 2)")
+    code_diff: bool = arg(False, "instead of the table: what differs between two runs' code (a unified diff "
+                          "of their code/ copies), or between one run's and this checkout's")
 
 
 def _read_json(path: Path) -> dict:
@@ -197,6 +200,59 @@ def code_label(code: dict | None, ids: dict[str, str]) -> str:
     differ = [name for name, sha in code.items() if checkout_sha256(name) != sha]
     what = "this checkout's" if not differ else f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
     return f"code {ids[_code_key(code)]}: {what}"
+
+
+def code_of(folder: Path) -> dict[str, str] | None:
+    """A run folder's recorded code (recorded_code), finished or not; None where it has none."""
+    if not folder.is_dir() or not is_run_folder(folder):
+        raise UserError(f"{folder}: not a run folder (no args.json, no metrics.jsonl). Pass the --output_dir "
+                        f"of a training run.")
+    run_json = folder / "run.json"
+    return recorded_code(run_json, _read_json(run_json)) if run_json.is_file() else None
+
+
+def _copy(folder: Path | None, name: str, sha: str) -> tuple[list[str], str, list[str]]:
+    """(lines, the name a diff gives them, notes) of a run's copy of `name`, or of this checkout's
+    file (folder None); a copy that is not the file run.json records is diffed with a note."""
+    path, notes = (ROOT / name, []) if folder is None else (folder / "code" / name, [])
+    if not path.is_file():
+        return [], str(path), [f"{path}: missing, though {folder / 'run.json'} records it: its lines cannot "
+                               f"be shown."]
+    if folder is not None and sha256_file(path) != sha:
+        notes.append(f"note: {path}: not the file {folder / 'run.json'} records (changed after the run "
+                     f"started?); the lines below are this copy's")
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    return text.splitlines(), f"{name} (this checkout)" if folder is None else str(path), notes
+
+
+def code_diff(a: Path, b: Path | None = None) -> str:
+    """What differs between run a's code and run b's: a unified diff (a's lines -, b's +) of each
+    recorded file whose sha256 differs, named by run. One run: this checkout's files -, the run's
+    +, so that an edit the run was made with reads as one. A run without a record says so."""
+    codes = {a: code_of(a)} | ({} if b is None else {b: code_of(b)})
+    unknown = [f"{p}: no record of its code (its run.json has no \"code\": a run of an earlier version); "
+               f"nothing to diff" for p, c in codes.items() if c is None]
+    if unknown:
+        return "\n".join(unknown)
+    sides = [(a, codes[a]), (b, codes[b])] if b is not None else [
+        (None, {name: checkout_sha256(name) for name in codes[a]}), (a, codes[a])]
+    (old, code_old), (new, code_new) = sides
+    who = {old: "this checkout" if old is None else str(old), new: str(new)}
+    out, same = [], []
+    for name in dict.fromkeys([*code_old, *code_new]):
+        sha_old, sha_new = code_old.get(name), code_new.get(name)
+        if sha_old == sha_new:
+            same.append(name)
+        elif sha_old is None or sha_new is None:
+            out.append(f"{name}: only in {who[new if sha_old is None else old]}'s code")
+        else:
+            lines_old, name_old, notes_old = _copy(old, name, sha_old)
+            lines_new, name_new, notes_new = _copy(new, name, sha_new)
+            out += [*notes_old, *notes_new,
+                    *difflib.unified_diff(lines_old, lines_new, name_old, name_new, lineterm="")]
+    if not out:
+        return f"{who[old]} and {who[new]}: the same code ({', '.join(same)})"
+    return "\n".join(out + ([f"the same in both: {', '.join(same)}"] if same else []))
 
 
 def _fmt(v: Any) -> str:
@@ -544,6 +600,15 @@ def main(argv: list[str] | None = None) -> None:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
         seen.add(Path(f).resolve())
+    if args.code_diff:
+        if args.plot or args.markdown or args.baseline:
+            raise UserError("--code_diff shows code, not results: leave out --plot, --markdown and "
+                            "--baseline (run compare again without --code_diff for those).")
+        if len(folders) > 2:
+            raise UserError(f"--code_diff: {len(folders)} run folders ({', '.join(map(str, folders))}); give "
+                            f"two runs, or one to hold against this checkout.")
+        print(code_diff(*map(Path, folders)))
+        return
     # everything is read and checked before anything is written or printed; the --baseline's
     # STS data, then whether its encoder can be had (in seconds, offline too), before it loads
     runs = [read_run(f, plot=bool(args.plot)) for f in folders]
