@@ -371,6 +371,38 @@ def test_a_folder_of_runs_stands_for_every_run_under_it(tmp_path, capsys):
     assert f"{tmp_path / 'nothing'}: not a run folder" in error_of([tmp_path / "nothing"], capsys)
 
 
+def test_a_folder_of_runs_leaves_out_its_unfinished_runs_with_one_note(tmp_path, capsys):
+    """A Ctrl-C'd run in runs/simcse no longer stops `compare runs/simcse`: the unfinished runs are
+    named in one note and the rest compared; --plot still draws those that have a log; a run named
+    by itself is still refused in one line."""
+    base = [60.0, 70.0, 65.0, 75.0, 72.0, 74.0, 68.0]
+    folder = tmp_path / "runs" / "simcse"
+    make_run(folder / "default", SIMCSE_ARGS, base)
+    make_run(folder / "tau0.1", {**SIMCSE_ARGS, "tau": 0.1}, base)
+    stopped = make_run(folder / "a-stopped", {**SIMCSE_ARGS, "tau": 0.2}, None)     # Ctrl-C'd, a log kept
+    (stopped / "last").mkdir()
+    just = make_run(folder / "b-just-started", {**SIMCSE_ARGS, "tau": 0.3}, None)
+    (just / "metrics.jsonl").unlink()                                               # no log yet
+    compare([folder])
+    out, err = capsys.readouterr()
+    assert [line.split()[1] for line in out.splitlines()[1:3]] == ["tau=0.05", "tau=0.1"]
+    note = (f"note: left out, unfinished (no best/test_metrics.json): {stopped}, {just} — finish each with "
+            f"its command plus --resume")
+    assert [line for line in err.splitlines() if line.startswith("note:")] == [note]
+    compare([folder, "--plot", tmp_path / "dev.png"])
+    err = capsys.readouterr().err
+    assert f"note: {stopped}: no final result; its curve is drawn" in err
+    assert (f"note: left out, unfinished (no best/test_metrics.json): {just} — finish each with its command "
+            f"plus --resume") in err
+    err = error_of([folder / "default", stopped], capsys)
+    assert err.count("\n") == 1 and f"{stopped}: unfinished run: no best/test_metrics.json" in err
+    only = tmp_path / "only"
+    make_run(only / "stopped", SIMCSE_ARGS, None)
+    err = error_of([only], capsys)
+    assert err.startswith(f"error: no finished run to compare: left out, unfinished (no "
+                          f"best/test_metrics.json): {only / 'stopped'}") and "--plot FILE.png" in err
+
+
 def test_the_docstrings_examples_run(tmp_path, monkeypatch, capsys):
     """The commands at the top of tools/compare.py, verbatim, in a folder that holds such runs
     (the one with --baseline needs the hub: its flags are checked by the other tests)."""

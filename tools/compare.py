@@ -103,6 +103,11 @@ def is_run_folder(p: Path) -> bool:
     return (p / "args.json").is_file() or (p / "metrics.jsonl").is_file()
 
 
+def is_finished(p: Path) -> bool:
+    """A run that ended: its flags and its final result (a finished run need not keep last/)."""
+    return (p / "args.json").is_file() and (p / "best" / "test_metrics.json").is_file()
+
+
 def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
     """`folder` itself if it is a run folder; else every run folder under it (up to `depth` levels,
     in name order: runs/simcse holds runs/simcse/default, runs/simcse/tau0.1, ...); else [folder],
@@ -129,7 +134,7 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     if not args_f.is_file() and not log_f.is_file():
         raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it, nor in a folder "
                         f"under it). Pass the --output_dir of a training run, or a folder that holds runs.")
-    finished = args_f.is_file() and test_f.is_file()
+    finished = is_finished(p)
     if not finished and not plot and not args_f.is_file():
         raise UserError(f"{p}: no args.json, so not the --output_dir of a run (RCL's entropy_phi*/ "
                         f"folders are part of one). Its STS-B dev curve can be drawn with --plot FILE.png.")
@@ -596,6 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
     seen, folders = set(), [r for f in args.runs for r in run_folders(f)]
+    found = {r for f in args.runs for r in run_folders(f) if r != Path(f)}   # in a folder of runs
     for f in folders:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
@@ -609,6 +615,17 @@ def main(argv: list[str] | None = None) -> None:
                             f"two runs, or one to hold against this checkout.")
         print(code_diff(*map(Path, folders)))
         return
+    # NOTE(ours): a folder of runs stands for those that finished; its unfinished ones (a Ctrl-C'd
+    # run) are left out with one note, not a stop. A run named by itself is still refused
+    left = [f for f in folders if f in found and not is_finished(f)
+            and not (args.plot and (f / "metrics.jsonl").is_file())]      # --plot draws these
+    folders = [f for f in folders if f not in left]
+    left_note = (f"left out, unfinished (no best/test_metrics.json): {', '.join(map(str, left))} — finish "
+                 f"each with its command plus --resume")
+    if not folders:
+        raise UserError(f"no finished run to compare: {left_note}" + (
+            " (they have no metrics.jsonl yet to draw)." if args.plot
+            else ", or draw their STS-B dev curves with --plot FILE.png."))
     # everything is read and checked before anything is written or printed; the --baseline's
     # STS data, then whether its encoder can be had (in seconds, offline too), before it loads
     runs = [read_run(f, plot=bool(args.plot)) for f in folders]
@@ -621,6 +638,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown and table is None:
         raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table "
                         f"to write.")
+    if left:
+        print(f"note: {left_note}", file=sys.stderr)
     if args.plot:
         _pyplot()   # a missing matplotlib is said now, not after the table is out
         for r in runs:
