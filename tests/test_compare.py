@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -655,3 +656,48 @@ def test_end_to_end_a_real_tiny_run(tmp_path, tiny_bert, corpus, small_sts, cach
     assert [float(c) for c in out[1].split()[3:]] == pytest.approx(
         [res[t]["spearman"] for t in TASKS] + [res["avg"]], abs=0.006)
     assert tool.dev_curve(run)[0] == [1, 2] and png.stat().st_size > 0
+
+
+def test_end_to_end_an_edited_copy_of_the_code_is_a_row_of_its_own(tmp_path, tiny_bert, corpus, small_sts,
+                                                                    cache_dir, capsys):
+    """The student's ablation as a student does it: the repository copied twice, the temperature
+    doubled in one copy's simcse_loss, the same command run from each copy into its own folder,
+    then compare: two rows (not one of n 2), their labels telling the code apart, and --code_diff
+    showing the edited line.
+
+    NOTE: this test needs the writing side of the code record (run.json's "code", the run's code/
+    copies), which is not on this branch yet: until it lands, it fails at its first assertion."""
+    shutil.copytree(ROOT, tmp_path / "checkout", ignore=lambda d, names: [
+        n for n in names if not n.endswith(".py") and not (Path(d) == ROOT and n == "plumbing")])
+    shutil.copytree(tmp_path / "checkout", tmp_path / "edited")
+    script = tmp_path / "edited" / "simcse.py"
+    assert script.read_text().count(TAU_LINE) == 1
+    script.write_text(script.read_text().replace(TAU_LINE, TAU_DOUBLED))
+    runs = []
+    for copy in ("checkout", "edited"):
+        run = tmp_path / "runs" / copy
+        r = subprocess.run([sys.executable, str(tmp_path / copy / "simcse.py"), "--model", str(tiny_bert),
+                            "--data", str(corpus), "--sts_dir", str(small_sts), "--output_dir", str(run),
+                            "--cache_dir", str(cache_dir), "--max_steps", "2", "--eval_every", "1",
+                            "--batch_size", "8", "--log_every", "1"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(run)
+    for run, copy in zip(runs, ("checkout", "edited")):
+        record = json.loads((run / "run.json").read_text())
+        assert "code" in record, f"{run}/run.json has no \"code\": the code record's writing side is not here"
+        assert record["code"]["simcse.py"] == hashlib.sha256(
+            (tmp_path / copy / "simcse.py").read_bytes()).hexdigest()
+        assert (run / "code" / "simcse.py").read_bytes() == (tmp_path / copy / "simcse.py").read_bytes()
+    compare(runs)
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[1:3]
+    assert rows[0].startswith("simcse.py [cls_before_pooler] code ") and " this checkout's " in rows[0]
+    assert rows[1].startswith("simcse.py [cls_before_pooler] code ") and " simcse.py differs " in rows[1]
+    assert rows[0].split()[3] != rows[1].split()[3]                         # the code ids
+    assert not out.splitlines()[3].startswith("simcse.py") and "same seed twice" not in err
+    compare([*runs, "--code_diff"])
+    diff = capsys.readouterr().out.splitlines()
+    assert diff[:2] == [f"--- {runs[0]}/code/simcse.py", f"+++ {runs[1]}/code/simcse.py"]
+    changed = [line for line in diff if line[:1] in "-+" and line[:3] not in ("---", "+++")]
+    assert [line.split("#")[0].rstrip() for line in changed] == ["-" + TAU_LINE, "+" + TAU_DOUBLED]
