@@ -408,17 +408,23 @@ def test_the_docstrings_examples_run(tmp_path, monkeypatch, capsys):
     """The commands at the top of tools/compare.py, verbatim, in a folder that holds such runs
     (the one with --baseline needs the hub: its flags are checked by the other tests)."""
     base = [60.0, 70.0, 65.0, 75.0, 72.0, 74.0, 68.0]
+    focal_code = {"focal_infonce.py": (ROOT / "focal_infonce.py").read_bytes().decode(), **CHECKOUT}
+    del focal_code["simcse.py"]
     for name, args in [("runs/simcse/default", SIMCSE_ARGS), ("runs/focal_infonce/default", FOCAL_ARGS),
                        ("runs/simcse-s1", {**SIMCSE_ARGS, "seed": 1}),
-                       ("runs/simcse-s2", {**SIMCSE_ARGS, "seed": 2}), ("runs/focal", FOCAL_ARGS)]:
-        make_run(tmp_path / name, args, base, "focal_infonce.py" if "focal" in name else "simcse.py")
+                       ("runs/simcse-s2", {**SIMCSE_ARGS, "seed": 2}), ("runs/focal", FOCAL_ARGS),
+                       ("runs/simcse-edited", {**SIMCSE_ARGS, "seed": 1})]:
+        focal = "focal" in name
+        make_run(tmp_path / name, args, base, "focal_infonce.py" if focal else "simcse.py",
+                 code=focal_code if focal else EDITED if name.endswith("edited") else CHECKOUT)
     monkeypatch.chdir(tmp_path)
     examples = [line.split("#")[0].split()[2:] for line in tool.__doc__.splitlines()
                 if line.strip().startswith("python tools/compare.py") and not line.rstrip().endswith("\\")]
-    assert len(examples) == 2
+    assert len(examples) == 3
     for argv in examples:
         compare(argv)
     assert (tmp_path / "table.md").is_file() and (tmp_path / "dev.png").is_file()
+    assert f"+{TAU_DOUBLED}" in capsys.readouterr().out             # --code_diff: the edited line
 
 
 # ------------------------------------------------------------------------ bad input

@@ -2,20 +2,32 @@ r"""Finished runs side by side: the 7 STS tasks and their average, one row a con
 
     python tools/compare.py runs/simcse runs/focal_infonce     # every run under these folders
     python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
+    python tools/compare.py runs/simcse-s1 runs/simcse-edited --code_diff   # what their code differs in
     python tools/compare.py runs/tb/simcse-s* --baseline sentence-transformers/all-MiniLM-L6-v2 \
         --pooler cls_before_pooler --sts_dir data/sts
 
 A folder that holds runs rather than being one (runs/simcse, where a script's default --output_dir
-puts each run) stands for every run folder under it.
+puts each run) stands for every run folder under it; its unfinished runs (no best/test_metrics.json:
+still going, or stopped) are left out, named in one note (--plot still draws those with a log). A
+run named by itself must have finished.
 
-Runs whose args.json agree on everything but --seed and the flags that say where and how a
-run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
---sts_dir, --cache_dir, --compile, --eval_untrained) form one row: mean ± sample std over its n
-seeds; a run that differs only in where its STS data lives, or in whether its step was compiled,
-is one more seed of the same row. A row is labelled with the script that made it (run.json), the
-flags that tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+Runs that started from the same code and whose args.json agree on everything but --seed and the
+flags that say where and how a run is written, not what it trains (common.NOT_TRAINING:
+--output_dir, --resume, --log_every, --sts_dir, --cache_dir, --compile, --eval_untrained) form one
+row: mean ± sample std over its n seeds; a run that differs only in where its STS data lives, or in
+whether its step was compiled, is one more seed of the same row. A row is labelled with the script
+that made it (run.json), the flags that tell it apart from the other rows, and in brackets the
+pooler of its final evaluation.
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
+
+A run's code is its script and common.py as it started (run.json records their sha256, code/
+keeps a copy): an edited copy is a row of its own, never a seed of the original. Where a script's
+rows differ in code, each label adds it: `code 3f2a1c: this checkout's` (the same files as the
+checkout compare runs from), `code 9b1d0e: simcse.py differs` (from this checkout's), or `code not
+recorded` (a run from before code was recorded: never merged with known code). --code_diff prints,
+instead of the table, a unified diff of each file that differs between two runs' code/ copies, or
+between this checkout's file and one run's.
 
 Below the table, a second one shows what each method's own part did: the figures its script
 logs of its mechanism (MECHANISM below: IFCL's innate margin and twins gap, Focal-InfoNCE's
