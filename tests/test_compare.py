@@ -262,7 +262,7 @@ def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys):
     assert capsys.readouterr().out == f"this checkout and {original}: the same code (simcse.py, common.py)\n"
     old = make_run(tmp_path / "old", SIMCSE_ARGS, [70.0] * 7)
     compare([old, edited, "--code_diff"])
-    assert capsys.readouterr().out == (f"{old}: no record of its code (its run.json has no \"code\": a run "
+    assert capsys.readouterr().out == (f"{old}: no record of its code (no run.json with \"code\": a run "
                                        f"of an earlier version); nothing to diff\n")
     with open(edited / "code" / "simcse.py", "a") as f:
         f.write("# changed after the run started\n")

@@ -247,7 +247,7 @@ def code_diff(a: Path, b: Path | None = None) -> str:
     recorded file whose sha256 differs, named by run. One run: this checkout's files -, the run's
     +, so that an edit the run was made with reads as one. A run without a record says so."""
     codes = {a: code_of(a)} | ({} if b is None else {b: code_of(b)})
-    unknown = [f"{p}: no record of its code (its run.json has no \"code\": a run of an earlier version); "
+    unknown = [f"{p}: no record of its code (no run.json with \"code\": a run of an earlier version); "
                f"nothing to diff" for p, c in codes.items() if c is None]
     if unknown:
         return "\n".join(unknown)
@@ -612,8 +612,9 @@ def main(argv: list[str] | None = None) -> None:
                         "--pooler.")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
-    seen, folders = set(), [r for f in args.runs for r in run_folders(f)]
-    found = {r for f in args.runs for r in run_folders(f) if r != Path(f)}   # in a folder of runs
+    expanded = [(f, run_folders(f)) for f in args.runs]
+    seen, folders = set(), [r for _, rs in expanded for r in rs]
+    found = {r for f, rs in expanded for r in rs if r != Path(f)}   # in a folder of runs, not named
     for f in folders:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
