@@ -2,20 +2,32 @@ r"""Finished runs side by side: the 7 STS tasks and their average, one row a con
 
     python tools/compare.py runs/simcse runs/focal_infonce     # every run under these folders
     python tools/compare.py runs/simcse-s1 runs/simcse-s2 runs/focal --markdown table.md --plot dev.png
+    python tools/compare.py runs/simcse-s1 runs/simcse-edited --code_diff   # what their code differs in
     python tools/compare.py runs/tb/simcse-s* --baseline sentence-transformers/all-MiniLM-L6-v2 \
         --pooler cls_before_pooler --sts_dir data/sts
 
 A folder that holds runs rather than being one (runs/simcse, where a script's default --output_dir
-puts each run) stands for every run folder under it.
+puts each run) stands for every run folder under it; its unfinished runs (no best/test_metrics.json:
+still going, or stopped) are left out, named in one note (--plot still draws those with a log). A
+run named by itself must have finished.
 
-Runs whose args.json agree on everything but --seed and the flags that say where and how a
-run is written, not what it trains (common.NOT_TRAINING: --output_dir, --resume, --log_every,
---sts_dir, --cache_dir, --compile, --eval_untrained) form one row: mean ± sample std over its n
-seeds; a run that differs only in where its STS data lives, or in whether its step was compiled,
-is one more seed of the same row. A row is labelled with the script that made it (run.json), the
-flags that tell it apart from the other rows, and in brackets the pooler of its final evaluation.
+Runs that started from the same code and whose args.json agree on everything but --seed and the
+flags that say where and how a run is written, not what it trains (common.NOT_TRAINING:
+--output_dir, --resume, --log_every, --sts_dir, --cache_dir, --compile, --eval_untrained) form one
+row: mean ± sample std over its n seeds; a run that differs only in where its STS data lives, or in
+whether its step was compiled, is one more seed of the same row. A row is labelled with the script
+that made it (run.json), the flags that tell it apart from the other rows, and in brackets the
+pooler of its final evaluation.
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
+
+A run's code is its script and common.py as it started (run.json records their sha256, code/
+keeps a copy): an edited copy is a row of its own, never a seed of the original. Where a script's
+rows differ in code, each label adds it: `code 3f2a1c: this checkout's` (the same files as the
+checkout compare runs from), `code 9b1d0e: simcse.py differs` (from this checkout's), or `code not
+recorded` (a run from before code was recorded: never merged with known code). --code_diff prints,
+instead of the table, a unified diff of each file that differs between two runs' code/ copies, or
+between this checkout's file and one run's.
 
 Below the table, a second one shows what each method's own part did: the figures its script
 logs of its mechanism (MECHANISM below: IFCL's innate margin and twins gap, Focal-InfoNCE's
@@ -35,13 +47,17 @@ of the second panel (with a note); when no run has them, the dev curves are draw
 
 from __future__ import annotations
 
+import difflib
+import functools
+import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -49,6 +65,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/c
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 from plumbing import inputs  # noqa: E402
+from plumbing.atomic_writes import sha256_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]   # this checkout: a run's recorded code is held against its files
 
 # NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
 # common's one list of flags that say where and how a run is written, not what it trains
@@ -56,6 +75,9 @@ IGNORED = ("seed", *common.NOT_TRAINING)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
         "evaluation; n seeds: mean ± sample std (ddof=1).")
+CODE_NOTE = ("code ID: the code a run started with (run.json's sha256 of each file; a copy in the run's "
+             "code/); this checkout's: the same files as the checkout compare runs from; F differs: F is not "
+             "this checkout's. What differs: `python tools/compare.py RUN_A RUN_B --code_diff`.")
 
 
 @dataclass
@@ -70,16 +92,17 @@ class Args:
     plot: str = arg("", "draw into this image (.png, .pdf or .svg; needs matplotlib) each run's STS-B "
                     "dev curve over the steps and, beside it, its alignment against uniformity over "
                     "training (SimCSE Fig. 2)")
+    code_diff: bool = arg(False, "instead of the table: what differs between two runs' code (a unified diff "
+                          "of their code/ copies), or between one run's and this checkout's")
 
 
 def _read_json(path: Path) -> dict:
+    """A run's JSON file, or one line that names it, says why it is no JSON object and what to do."""
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as e:
-        raise UserError(f"{path}: not readable JSON ({e}). Was the file cut short or edited by hand?")
-    if not isinstance(obj, dict):
-        raise UserError(f"{path}: expected a JSON object.")
-    return obj
+        return inputs.read_json_object(path)
+    except ValueError as e:
+        raise UserError(f"{path}: not a readable JSON object ({e}). Was the file cut short or edited by "
+                        f"hand? Train the run again, or leave it out.")
 
 
 def result_tasks(res: dict) -> list[str]:
@@ -90,6 +113,11 @@ def result_tasks(res: dict) -> list[str]:
 
 def is_run_folder(p: Path) -> bool:
     return (p / "args.json").is_file() or (p / "metrics.jsonl").is_file()
+
+
+def is_finished(p: Path) -> bool:
+    """A run that ended: its flags and its final result (a finished run need not keep last/)."""
+    return (p / "args.json").is_file() and (p / "best" / "test_metrics.json").is_file()
 
 
 def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
@@ -106,8 +134,9 @@ def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
 
 
 def read_run(folder: str | Path, plot: bool = False) -> dict:
-    """One folder: {"path", "args" (args.json or None), "script", "test" (the 7-task result, or
-    None: drawn only), "pooler"}. Anything else is a UserError that names it and what to do."""
+    """One folder: {"path", "args" (args.json or None), "script", "code" ({file: sha256}, or None:
+    not recorded), "test" (the 7-task result, or None: drawn only), "pooler"}. Anything else is a
+    UserError that names it and what to do."""
     p = Path(folder)
     args_f, test_f, log_f = p / "args.json", p / "best" / "test_metrics.json", p / "metrics.jsonl"
     if not p.is_dir():
@@ -117,7 +146,7 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     if not args_f.is_file() and not log_f.is_file():
         raise UserError(f"{p}: not a run folder (no args.json, no metrics.jsonl in it, nor in a folder "
                         f"under it). Pass the --output_dir of a training run, or a folder that holds runs.")
-    finished = args_f.is_file() and test_f.is_file()
+    finished = is_finished(p)
     if not finished and not plot and not args_f.is_file():
         raise UserError(f"{p}: no args.json, so not the --output_dir of a run (RCL's entropy_phi*/ "
                         f"folders are part of one). Its STS-B dev curve can be drawn with --plot FILE.png.")
@@ -128,8 +157,9 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     if not finished and not log_f.is_file():
         raise UserError(f"{p}: unfinished run with no metrics.jsonl yet: nothing to table or draw. "
                         f"Leave it out.")
+    record = _read_json(p / "run.json") if (p / "run.json").is_file() else {}
     run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
-           "script": _read_json(p / "run.json").get("script") if (p / "run.json").is_file() else None}
+           "script": record.get("script"), "code": recorded_code(p / "run.json", record)}
     if finished:
         run["test"] = _read_json(test_f)
         if not result_tasks(run["test"]) or not isinstance(run["test"].get("avg"), (int, float)):
@@ -138,6 +168,108 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     # flag evaluates with it; the others (ifcl.py, conisi.py) stay unknown
     run["pooler"] = (run["test"] or {}).get("pooler") or (run["args"] or {}).get("pooler")
     return run
+
+
+def recorded_code(run_json: Path, record: dict) -> dict[str, str] | None:
+    """The code a run started with, as its run.json records it: {file: sha256}, the script first;
+    None for a run from before code was recorded (its code is unknown: a row of its own)."""
+    code = record.get("code")
+    if code is None:
+        return None
+    if not isinstance(code, dict) or not code or not all(
+            isinstance(name, str) and _plain_path(name) and isinstance(sha, str)
+            and re.fullmatch("[0-9a-f]{64}", sha) for name, sha in code.items()):
+        raise UserError(f"{run_json}: its \"code\" is not {{file: sha256 hex}} as a run records it. Was the "
+                        f"file edited by hand? Train the run again, or leave it out.")
+    return dict(code)
+
+
+def _plain_path(name: str) -> bool:
+    """A file of the repository by its relative path: no absolute path, no `..`, nothing empty."""
+    return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+@functools.lru_cache(maxsize=None)
+def checkout_sha256(name: str) -> str | None:
+    """The sha256 of `name` in this checkout (the repository compare runs from), or None: no such file."""
+    return sha256_file(ROOT / name) if (ROOT / name).is_file() else None
+
+
+def _code_key(code: dict | None) -> str:
+    return json.dumps(code, sort_keys=True)
+
+
+def code_ids(codes: list[dict]) -> dict[str, str]:
+    """A short id for each code (_code_key -> the first hex digits of its sha256): 6 digits, or as
+    many more as tell these codes apart."""
+    full = {_code_key(c): hashlib.sha256(_code_key(c).encode()).hexdigest() for c in codes}
+    n = 6
+    while len({h[:n] for h in full.values()}) < len(full):
+        n += 1
+    return {k: h[:n] for k, h in full.items()}
+
+
+def code_label(code: dict | None, ids: dict[str, str]) -> str:
+    """A row's code part: `code 3f2a1c: this checkout's`, `code 9b1d0e: simcse.py differs` (from this
+    checkout's file) or `code not recorded` (a run from before code was recorded)."""
+    if code is None:
+        return "code not recorded"
+    differ = [name for name, sha in code.items() if checkout_sha256(name) != sha]
+    what = "this checkout's" if not differ else f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
+    return f"code {ids[_code_key(code)]}: {what}"
+
+
+def code_of(folder: Path) -> dict[str, str] | None:
+    """A run folder's recorded code (recorded_code), finished or not; None where it has none."""
+    if not folder.is_dir() or not is_run_folder(folder):
+        raise UserError(f"{folder}: not a run folder (no args.json, no metrics.jsonl). Pass the --output_dir "
+                        f"of a training run.")
+    run_json = folder / "run.json"
+    return recorded_code(run_json, _read_json(run_json)) if run_json.is_file() else None
+
+
+def _copy(folder: Path | None, name: str, sha: str) -> tuple[list[str], str, list[str]]:
+    """(lines, the name a diff gives them, notes) of a run's copy of `name`, or of this checkout's
+    file (folder None); a copy that is not the file run.json records is diffed with a note."""
+    path, notes = (ROOT / name, []) if folder is None else (folder / "code" / name, [])
+    if not path.is_file():
+        return [], str(path), [f"{path}: missing, though {folder / 'run.json'} records it: its lines cannot "
+                               f"be shown."]
+    if folder is not None and sha256_file(path) != sha:
+        notes.append(f"note: {path}: not the file {folder / 'run.json'} records (changed after the run "
+                     f"started?); the lines below are this copy's")
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    return text.splitlines(), f"{name} (this checkout)" if folder is None else str(path), notes
+
+
+def code_diff(a: Path, b: Path | None = None) -> str:
+    """What differs between run a's code and run b's: a unified diff (a's lines -, b's +) of each
+    recorded file whose sha256 differs, named by run. One run: this checkout's files -, the run's
+    +, so that an edit the run was made with reads as one. A run without a record says so."""
+    codes = {a: code_of(a)} | ({} if b is None else {b: code_of(b)})
+    unknown = [f"{p}: no record of its code (no run.json with \"code\": a run of an earlier version); "
+               f"nothing to diff" for p, c in codes.items() if c is None]
+    if unknown:
+        return "\n".join(unknown)
+    sides = [(a, codes[a]), (b, codes[b])] if b is not None else [
+        (None, {name: checkout_sha256(name) for name in codes[a]}), (a, codes[a])]
+    (old, code_old), (new, code_new) = sides
+    who = {old: "this checkout" if old is None else str(old), new: str(new)}
+    out, same = [], []
+    for name in dict.fromkeys([*code_old, *code_new]):
+        sha_old, sha_new = code_old.get(name), code_new.get(name)
+        if sha_old == sha_new:
+            same.append(name)
+        elif sha_old is None or sha_new is None:
+            out.append(f"{name}: only in {who[new if sha_old is None else old]}'s code")
+        else:
+            lines_old, name_old, notes_old = _copy(old, name, sha_old)
+            lines_new, name_new, notes_new = _copy(new, name, sha_new)
+            out += [*notes_old, *notes_new,
+                    *difflib.unified_diff(lines_old, lines_new, name_old, name_new, lineterm="")]
+    if not out:
+        return f"{who[old]} and {who[new]}: the same code ({', '.join(same)})"
+    return "\n".join(out + ([f"the same in both: {', '.join(same)}"] if same else []))
 
 
 def _fmt(v: Any) -> str:
@@ -155,15 +287,16 @@ def _short_paths(values: list[str]) -> dict[str, str]:
 
 
 def group_runs(runs: list[dict]) -> list[dict]:
-    """Runs with the same script, pooler and args.json but for IGNORED form one group, in the
-    order first given: {"runs", "label", "finished"}. A label names the script (or, for a run
-    from before scripts were recorded, its folder), the flags whose values differ between
-    groups, and the pooler of the final evaluation."""
+    """Runs with the same script, code, pooler and args.json but for IGNORED form one group, in
+    the order first given: {"runs", "label", "finished", "code_shown"}. A label names the script
+    (or, for a run from before scripts were recorded, its folder), the flags whose values differ
+    between groups, the pooler of the final evaluation, and where the groups of its script started
+    with different code, its code (code_label): an edit shows as a row, not as seed noise."""
     groups: dict[Any, dict] = {}
     for r in runs:
         trained = None if r["args"] is None else {k: v for k, v in r["args"].items() if k not in IGNORED}
         key = (("folder", str(r["path"])) if trained is None else   # drawn only: a group of its own
-               (r["test"] is not None, r["script"], r["pooler"],
+               (r["test"] is not None, r["script"], r["pooler"], _code_key(r["code"]),
                 json.dumps(trained, sort_keys=True, default=str)))
         groups.setdefault(key, {"runs": [], "finished": r["test"] is not None})["runs"].append(r)
     out = list(groups.values())
@@ -173,8 +306,14 @@ def group_runs(runs: list[dict]) -> list[dict]:
         strs = [_fmt(args[k]) for args in firsts if k in args]
         if len({json.dumps(args[k], sort_keys=True, default=str) for args in firsts if k in args}) > 1:
             differing[k] = _short_paths(strs) if any("/" in s for s in strs) else {s: s for s in strs}
+    # the scripts whose groups started with different code (a run whose code is unknown included)
+    codes_of: dict[Any, set] = {}
+    for g in (g for g in out if g["runs"][0]["args"] is not None):
+        codes_of.setdefault(g["runs"][0]["script"], set()).add(_code_key(g["runs"][0]["code"]))
+    ids = code_ids([g["runs"][0]["code"] for g in out if g["runs"][0]["code"] is not None])
     for g in out:
         first = g["runs"][0]
+        g["code_shown"] = first["args"] is not None and len(codes_of[first["script"]]) > 1
         if first["args"] is None:
             parent = first["path"].parent
             run_json = parent / "run.json"
@@ -184,7 +323,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
         names = [str(r["path"]) for r in g["runs"]]
         head = first["script"] or (os.path.commonprefix(names).rstrip("-_./") or names[0])
         flags = [f"{k}={differing[k][_fmt(first['args'][k])]}" for k in differing if k in first["args"]]
-        g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]"]) \
+        code = [code_label(first["code"], ids)] if g["code_shown"] else []
+        g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]", *code]) \
             + ("" if g["finished"] else " (unfinished)")
     return out
 
@@ -215,7 +355,7 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
         rows.append({"label": g["label"], "n": len(per_run), "runs": [r["path"] for r in g["runs"]],
                      "mean": dict(zip(tasks + ["avg"], per_run.mean(0).tolist())),
                      "std": dict(zip(tasks + ["avg"], std))})
-    return {"tasks": tasks, "rows": rows}
+    return {"tasks": tasks, "rows": rows, "code_note": any(g["code_shown"] for g in finished)}
 
 
 def _cells(table: dict) -> tuple[list[str], list[list[str]]]:
@@ -233,7 +373,7 @@ def format_compare(table: dict) -> str:
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
     lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}"
               + "".join(f"{c:>{cw}s}" for c in row) for r, row in zip(table["rows"], cells)]
-    return "\n".join(lines + [NOTE])
+    return "\n".join(lines + [NOTE] + ([CODE_NOTE] if table.get("code_note") else []))
 
 
 def format_markdown(table: dict, command: str) -> str:
@@ -243,7 +383,8 @@ def format_markdown(table: dict, command: str) -> str:
     for r, row in zip(table["rows"], cells):
         n = "-" if r["n"] is None else str(r["n"])
         lines.append("| " + " | ".join([r["label"].replace("|", "\\|"), n] + row) + " |")
-    return "\n".join(lines) + f"\n\n{NOTE} Made with `{command}`.\n"
+    code_note = f" {CODE_NOTE}" if table.get("code_note") else ""
+    return "\n".join(lines) + f"\n\n{NOTE}{code_note} Made with `{command}`.\n"
 
 
 # What each method's own part acts on, as its script logs it in every training record of
@@ -259,18 +400,24 @@ MECHANISM = {
 STAGE_MECHANISM = ("loss", "phi_entropy", "entropy")
 
 
-def training_records(folder: Path) -> list[dict]:
-    """The training records of a run's metrics.jsonl (those with a learning rate), in step order; a
-    step logged twice (as after a --resume) keeps its last record; a line cut short is skipped."""
+def log_records(folder: Path, wanted: Callable[[dict], bool]) -> list[dict]:
+    """The records of a run's metrics.jsonl that `wanted` keeps, one a step, in step order: a step
+    logged twice (as after a --resume) keeps its last record; a line cut short by an interruption,
+    or one without a step, is skipped. compare's one reader of the log."""
     by_step, path = {}, folder / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
             record = json.loads(line)
-            if isinstance(record, dict) and "lr" in record:
+            if isinstance(record, dict) and wanted(record):
                 by_step[int(record["step"])] = record
         except (ValueError, KeyError, TypeError):
             continue
     return [by_step[s] for s in sorted(by_step)]
+
+
+def training_records(folder: Path) -> list[dict]:
+    """The training records of a run's metrics.jsonl (those with a learning rate), in step order."""
+    return log_records(folder, lambda record: "lr" in record)
 
 
 def _steps(records: list[dict], i: int) -> str:
@@ -331,19 +478,12 @@ def format_mechanism(rows: list[dict], markdown: bool = False) -> str:
 
 
 def _evaluations(folder: Path, keys: tuple[str, ...]) -> tuple[list[int], list[list[float]]]:
-    """The evaluation records of a run's metrics.jsonl that hold every one of `keys`, in training
-    order (by step; a step logged twice, as after a --resume, keeps its last record): (steps,
-    one list of values a key)."""
-    by_step, path = {}, folder / "metrics.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-            if isinstance(record, dict) and all(k in record for k in keys):
-                by_step[int(record["step"])] = [float(record[k]) for k in keys]
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by an interruption
-    steps = sorted(by_step)
-    return steps, [[by_step[s][i] for s in steps] for i in range(len(keys))]
+    """The evaluation records of a run's metrics.jsonl that hold a number for every one of `keys`,
+    in training order: (steps, one list of values a key)."""
+    def wanted(record: dict) -> bool:
+        return all(isinstance(record.get(k), (int, float)) for k in keys)
+    records = log_records(folder, wanted)
+    return [int(r["step"]) for r in records], [[float(r[k]) for r in records] for k in keys]
 
 
 def dev_curve(folder: Path) -> tuple[list[int], list[float]]:
@@ -472,11 +612,33 @@ def main(argv: list[str] | None = None) -> None:
                         "--pooler.")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a file name ending in .png, .pdf or .svg.")
-    seen, folders = set(), [r for f in args.runs for r in run_folders(f)]
+    expanded = [(f, run_folders(f)) for f in args.runs]
+    seen, folders = set(), [r for _, rs in expanded for r in rs]
+    found = {r for f, rs in expanded for r in rs if r != Path(f)}   # in a folder of runs, not named
     for f in folders:
         if Path(f).resolve() in seen:
             raise UserError(f"{f}: given twice. Give each run folder once.")
         seen.add(Path(f).resolve())
+    if args.code_diff:
+        if args.plot or args.markdown or args.baseline:
+            raise UserError("--code_diff shows code, not results: leave out --plot, --markdown and "
+                            "--baseline (run compare again without --code_diff for those).")
+        if len(folders) > 2:
+            raise UserError(f"--code_diff: {len(folders)} run folders ({', '.join(map(str, folders))}); give "
+                            f"two runs, or one to hold against this checkout.")
+        print(code_diff(*map(Path, folders)))
+        return
+    # NOTE(ours): a folder of runs stands for those that finished; its unfinished ones (a Ctrl-C'd
+    # run) are left out with one note, not a stop. A run named by itself is still refused
+    left = [f for f in folders if f in found and not is_finished(f)
+            and not (args.plot and (f / "metrics.jsonl").is_file())]      # --plot draws these
+    folders = [f for f in folders if f not in left]
+    left_note = (f"left out, unfinished (no best/test_metrics.json): {', '.join(map(str, left))} — finish "
+                 f"each with its command plus --resume")
+    if not folders:
+        raise UserError(f"no finished run to compare: {left_note}" + (
+            " (they have no metrics.jsonl yet to draw)." if args.plot
+            else ", or draw their STS-B dev curves with --plot FILE.png."))
     # everything is read and checked before anything is written or printed; the --baseline's
     # STS data, then whether its encoder can be had (in seconds, offline too), before it loads
     runs = [read_run(f, plot=bool(args.plot)) for f in folders]
@@ -489,6 +651,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown and table is None:
         raise UserError(f"--markdown {args.markdown}: none of the runs has finished: there is no table "
                         f"to write.")
+    if left:
+        print(f"note: {left_note}", file=sys.stderr)
     if args.plot:
         _pyplot()   # a missing matplotlib is said now, not after the table is out
         for r in runs:
