@@ -406,7 +406,8 @@ class ConIsI(nn.Module):
             stats = {"loss_contrastive": contrastive_loss(h_x, h_Y, self.tau),
                      "loss_interactive": interactive_loss(r_Y, r_Z),
                      "acc_interactive": interactive_accuracy(r_Y, r_Z)}
-            # the interactive term's share of Eq. (10)'s loss: near 0, lam only rescales Eq. (4)
+            # the interactive term's share of Eq. (10)'s value, not of its gradient (the contrastive
+            # term's logits carry 1/tau, r none): near 0, lam only rescales Eq. (4)
             stats["share_interactive"] = self.lam * stats["loss_interactive"] / loss.detach()   # ()
         return loss, stats
 
