@@ -80,6 +80,22 @@ def test_the_equations_a_line_names(text, numbers):
     assert [n for m in pages.MENTION.finditer(text) for n in pages.mention_numbers(m.group())] == numbers
 
 
+def test_where_each_equation_is_typeset(tmp_path):
+    """Beside the first comment that opens with it; else its first mention in a docstring of a
+    function or class, else in a comment, else in code, else in the module's docstring."""
+    (tmp_path / "m.py").write_text(
+        '"""Eq. (1), Eq. (2), Eq. (3), Eq. (4), Eq. (6)."""\n'     # 1
+        'x = dict(help="names Eq. (3) and Eq. (4)")\n'            # 2
+        "# a comment naming Eq. (2) and Eq. (4)\n"                # 3
+        "def f():\n"                                              # 4
+        '    """Eq. (2) and Eq. (5) here."""\n'                   # 5
+        "    # Eq. (1): y = x\n"                                  # 6
+        "    return x\n"                                          # 7
+        "# Eq. (5): the defining line, later\n")                  # 8
+    script = pages.read_script(tmp_path / "m.py", "m.py")
+    assert pages.anchors(script, [1, 2, 3, 4, 5, 6]) == {1: 6, 2: 5, 3: 2, 4: 3, 5: 8, 6: 1}
+
+
 def test_equations_file_mistakes_are_named(tmp_path):
     eq = tmp_path / "eq.tex"
     eq.write_text("%% m.py Eq. (1)\nx\n%% m.py Eq. (1)\ny\n")
@@ -139,6 +155,18 @@ def test_the_command_says_what_is_wrong_and_exits_1(tmp_path, monkeypatch, capsy
     out, err = capsys.readouterr()
     assert "error: KaTeX could not typeset:" in err and "m.py Eq. (1): KaTeX parse error" in err, err
     assert not out and not any((tmp_path / "docs" / "pages").iterdir())
+
+
+def test_an_equation_named_in_code_only_gets_a_row_of_its_own_beside_that_line(tmp_path):
+    need(pages.katex_ready())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "m.py").write_text('import math\nx = dict(help="Eq. (2) weighs it")\ny = math.pi\n')
+    (tmp_path / "docs" / "equations.tex").write_text("%% m.py Eq. (2)\nw = \\lambda x\n")
+    page = pages.generate(tmp_path, ("m.py",))["m.html"].decode()
+    rows = re.findall(r'<section class="row">.*?</section>', page)
+    row = next((r for r in rows if 'id="eq-2"' in r), None)
+    assert row and 'named on <a href="#L2">line 2</a>' in row, page
+    assert '<div class="code"><pre><code><span class="line" id="L2">' in row, row
 
 
 def test_a_script_without_comment_blocks_still_makes_a_page(tmp_path):

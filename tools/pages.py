@@ -8,7 +8,7 @@ to match the two by. The script stays the primary artifact; the page is made fro
 
     npm ci --prefix tools/katex        # once: KaTeX 0.19.1, as tools/katex/package-lock.json pins it
     python tools/pages.py              # rebuild docs/pages/ (seconds)
-    python tools/pages.py --check      # rebuild in a temporary folder; exit 1 naming each stale file
+    python tools/pages.py --check      # build in memory; exit 1 naming each file of docs/pages/ that differs
 
 The typeset forms live in one file, docs/equations.tex, an entry per script and equation. KaTeX
 turns them into HTML here, at build time (node tools/katex/render.js), so a page runs no script and
@@ -906,9 +906,10 @@ def stale(files: dict[str, bytes], out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=SETUP)
-    parser.add_argument("--check", action="store_true", help="rebuild in a temporary folder and name every "
-                        "page in docs/pages/ that differs; change nothing")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=f"Once, before the first build: {SETUP} (KaTeX, as pinned).")
+    parser.add_argument("--check", action="store_true", help="build in memory and name every file of "
+                        "docs/pages/ that differs from what the build makes; change nothing")
     args = parser.parse_args(argv)
     if pygments_differs():
         print(f"note: {pygments_differs()}", file=sys.stderr)
