@@ -1,0 +1,936 @@
+"""`python tools/pages.py`: rebuild docs/pages/, one annotated page per script and an index.
+
+A page reads the way labml's annotated implementations do: the script's docstrings and comment
+blocks as prose on the left, the code they precede on the right (highlighted, with a number and an
+anchor per line, #L123), its banners as headings, and every equation the script names typeset from
+its paper beside the line that computes it (#eq-4), the script's own ASCII form of it still there
+to match the two by. The script stays the primary artifact; the page is made from it.
+
+    npm ci --prefix tools/katex        # once: KaTeX 0.19.1, as tools/katex/package-lock.json pins it
+    python tools/pages.py              # rebuild docs/pages/ (seconds)
+    python tools/pages.py --check      # build in memory; exit 1 naming each file of docs/pages/ that differs
+
+The typeset forms live in one file, docs/equations.tex, an entry per script and equation. KaTeX
+turns them into HTML here, at build time (node tools/katex/render.js), so a page runs no script and
+fetches nothing: it opens from a clone, offline, under a Content-Security-Policy that allows only
+its own stylesheets and fonts. Made here: docs/pages/*.html, assets/equations.css (KaTeX's inline
+styles as classes, so that the policy can refuse inline styles) and assets/katex/ (KaTeX's
+stylesheet and woff2 fonts, once for all pages). assets/pages.css is written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import html
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("simcse.py", "focal_infonce.py", "ifcl.py", "conisi.py", "rcl.py", "common.py")
+# the name each paper goes by on its page (a script's Eq. (n) is its own paper's)
+PAPERS = {"simcse.py": "SimCSE", "focal_infonce.py": "Focal-InfoNCE", "ifcl.py": "IFCL",
+          "conisi.py": "ConIsI", "rcl.py": "RCL"}
+EQUATIONS = "docs/equations.tex"
+OUT = "docs/pages"
+KATEX = ROOT / "tools" / "katex"
+PINS = ROOT / "tools" / "pages-requirements.txt"     # the Python side of the build: Pygments, pinned
+KATEX_VERSION = "0.19.1"
+HANDWRITTEN = ("assets/pages.css",)      # in docs/pages/ but not made here: the build leaves it alone
+CSP = ("default-src 'none'; style-src 'self'; font-src 'self'; img-src 'self'; "
+       "base-uri 'none'; form-action 'none'")
+SETUP = "npm ci --prefix tools/katex"
+
+
+class BuildError(Exception):
+    """What stops the build, said so that the reader knows which file to fix."""
+
+
+# --------------------------------------------------------------------------------------
+# Which equations a script names: "Eq. (4)", "Eq. 4", "Eq. (3)-(4)", "Eq. 2, 3", "Eq. (2) / (6)",
+# "Eqs. (8)-(9)", "Eq. (6) and (7)"; a range names every equation in it
+# --------------------------------------------------------------------------------------
+
+NUM = r"(?:\(\d+\)|\d+(?![\d.]))"
+MENTION = re.compile(rf"\bEqs?\.\s?{NUM}(?:(?:\s?[-\u2013]\s?|,\s?|\s/\s|\sand\s){NUM})*")
+
+
+def mention_numbers(mention: str) -> list[int]:
+    """The equation numbers one mention names, ranges expanded: 'Eq. (3)-(5)' -> [3, 4, 5]."""
+    parts = re.findall(r"\d+|[-\u2013]", mention)
+    numbers: list[int] = []
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            if k >= 2 and parts[k - 1] in "-\u2013" and numbers:
+                numbers += range(numbers[-1] + 1, int(part))
+            numbers.append(int(part))
+    return numbers
+
+
+def named_equations(text: str) -> dict[int, list[int]]:
+    """Equation number -> the lines (1-based) of `text` that name it, in order."""
+    named: dict[int, list[int]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in MENTION.finditer(line):
+            for number in mention_numbers(m.group()):
+                if n not in named.setdefault(number, []):
+                    named[number].append(n)
+    return named
+
+
+# --------------------------------------------------------------------------------------
+# docs/equations.tex: `%% script.py Eq. (n)` headers, each followed by its LaTeX
+# --------------------------------------------------------------------------------------
+
+HEADER = re.compile(r"%%\s*(?P<script>[\w.-]+\.py)\s+Eq\.\s*\((?P<n>\d+)\)\s*$")
+
+
+@dataclass
+class Equation:
+    script: str
+    number: int
+    line: int                      # its header's line in the equations file
+    tex: str = ""
+    note: str = ""
+    html: str = ""                 # KaTeX's HTML
+    note_html: str = ""
+
+
+def read_equations(path: Path) -> dict[tuple[str, int], Equation]:
+    """Every entry of the equations file, keyed by (script, number)."""
+    equations: dict[tuple[str, int], Equation] = {}
+    current: Equation | None = None
+    lines: list[str] = []
+
+    def finish() -> None:
+        if current is not None:
+            current.tex = "\n".join(lines).strip()
+            if not current.tex:
+                raise BuildError(f"{path.name}:{current.line}: {current.script} Eq. ({current.number}) "
+                                 f"has a header but no LaTeX under it")
+
+    for k, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        header = HEADER.match(line)
+        if header:
+            finish()
+            key = (header["script"], int(header["n"]))
+            if key in equations:
+                raise BuildError(f"{path.name}:{k}: {key[0]} Eq. ({key[1]}) is typeset twice (first on line "
+                                 f"{equations[key].line}); keep one")
+            current, lines = Equation(key[0], key[1], k), []
+            equations[key] = current
+        elif line.startswith("%%"):
+            raise BuildError(f"{path.name}:{k}: {line!r}: a header reads `%% script.py Eq. (n)`")
+        elif line.lstrip().startswith("% note:"):
+            if current is None:
+                raise BuildError(f"{path.name}:{k}: a note before the first `%% script.py Eq. (n)` header")
+            current.note = (current.note + " " + line.split("% note:", 1)[1].strip()).strip()
+        elif line.lstrip().startswith("%") or not line.strip():
+            continue
+        elif current is None:
+            raise BuildError(f"{path.name}:{k}: LaTeX before the first `%% script.py Eq. (n)` header")
+        else:
+            lines.append(line)
+    finish()
+    return equations
+
+
+def coverage(root: Path, scripts: tuple[str, ...], equations: dict[tuple[str, int], Equation]) -> list[str]:
+    """What is wrong between the scripts and the equations file, both ways."""
+    wrong = []
+    named = {(s, n): lines for s in scripts
+             for n, lines in named_equations((root / s).read_text(encoding="utf-8")).items()}
+    for (script, n), lines in sorted(named.items()):
+        if (script, n) not in equations:
+            wrong.append(f"{script}:{lines[0]} names Eq. ({n}), which has no typeset form in {EQUATIONS} "
+                         f"(add a `%% {script} Eq. ({n})` entry, written from the paper)")
+    for (script, n), eq in sorted(equations.items()):
+        if (script, n) not in named:
+            wrong.append(f"{EQUATIONS}:{eq.line}: {script} Eq. ({n}) is typeset, but {script} names no "
+                         f"Eq. ({n}) (remove the entry, or check the number)")
+    return wrong
+
+
+# --------------------------------------------------------------------------------------
+# KaTeX, run once per build by node; its inline styles become classes of assets/equations.css
+# --------------------------------------------------------------------------------------
+
+def katex_ready() -> str | None:
+    """None when node and the pinned KaTeX are there; else what is missing and the command."""
+    if shutil.which("node") is None:
+        return f"node is not installed (Debian: apt-get install nodejs npm), then run `{SETUP}`"
+    package = KATEX / "node_modules" / "katex" / "package.json"
+    if not package.is_file():
+        return f"KaTeX is not installed in tools/katex/node_modules: run `{SETUP}`"
+    version = json.loads(package.read_text(encoding="utf-8"))["version"]
+    if version != KATEX_VERSION:
+        return f"tools/katex has KaTeX {version}, the pages are made with {KATEX_VERSION}: run `{SETUP}`"
+    return None
+
+
+def pygments_differs() -> str | None:
+    """None when the installed Pygments is the one tools/pages-requirements.txt pins (a lexer of
+    another release may colour a token otherwise, and the committed pages would read as stale)."""
+    import pygments
+
+    pin = re.search(r"^pygments==(\S+)", PINS.read_text(encoding="utf-8"), re.M | re.I)
+    if pin and pygments.__version__ != pin[1]:
+        return (f"Pygments {pygments.__version__} is installed, the pages are made with {pin[1]}: "
+                f"pip install -r tools/pages-requirements.txt")
+    return None
+
+
+def run_katex(items: list[dict]) -> dict[str, dict]:
+    missing = katex_ready()
+    if missing:
+        raise BuildError(missing)
+    done = subprocess.run(["node", str(KATEX / "render.js")], input=json.dumps(items), capture_output=True,
+                          text=True, encoding="utf-8")
+    if done.returncode != 0:
+        raise BuildError(f"node tools/katex/render.js failed: {done.stderr.strip()}")
+    return {r["key"]: r for r in json.loads(done.stdout)["results"]}
+
+
+def typeset(equations: dict[tuple[str, int], Equation], equations_name: str) -> None:
+    """Fill each equation's html and note_html, or fail naming every formula KaTeX refused."""
+    items = []
+    for (script, n), eq in sorted(equations.items()):
+        items.append({"key": f"{script} {n}", "tex": eq.tex, "display": True})
+        for k, piece in enumerate(eq.note.split("$")[1::2]):
+            items.append({"key": f"{script} {n} note {k}", "tex": piece, "display": False})
+    if not items:
+        return
+    results = run_katex(items)
+    errors = []
+    for (script, n), eq in sorted(equations.items()):
+        where = f"{equations_name}:{eq.line}: {script} Eq. ({n})"
+        result = results[f"{script} {n}"]
+        if "error" in result:
+            errors.append(f"{where}: {result['error']}")
+        else:
+            eq.html = result["html"]
+        pieces = eq.note.split("$")
+        if len(pieces) % 2 == 0:
+            errors.append(f"{where}, its note: an unclosed $")
+            continue
+        out = []
+        for k, piece in enumerate(pieces):
+            if k % 2 == 0:
+                out.append(inline_text(piece))
+                continue
+            result = results[f"{script} {n} note {k // 2}"]
+            if "error" in result:
+                errors.append(f"{where}, its note: {result['error']}")
+            else:
+                out.append(result["html"])
+        eq.note_html = "".join(out)
+    if errors:
+        raise BuildError("KaTeX could not typeset:\n" + "\n".join(errors))
+
+
+STYLE = re.compile(r' style="([^"]*)"')
+
+
+def styles_to_classes(markup: str, rules: dict[str, str]) -> str:
+    """KaTeX's style="..." attributes as classes (the same declarations, !important so that they
+    win as an inline style would), so that the pages need no 'unsafe-inline'."""
+    def to_class(m: re.Match) -> str:
+        style = html.unescape(m.group(1))
+        name = "k" + hashlib.sha1(style.encode()).hexdigest()[:7]
+        if rules.setdefault(name, style) != style:
+            raise BuildError(f"two KaTeX styles share the class {name}: {style!r}, {rules[name]!r}")
+        return f' class="{name}"'
+
+    out = STYLE.sub(to_class, markup)
+    # an element with a class of its own and a style: merge the two class attributes
+    out = re.sub(r' class="([^"]*)"((?:\s+[\w-]+="[^"]*")*?) class="(k[0-9a-f]{7})"', r' class="\1 \3"\2',
+                 out)
+    if re.search(r"\sstyle=", out) or re.search(r'class="[^"]*"[^>]*class="', out):
+        raise BuildError("KaTeX's HTML kept a style attribute the build could not turn into a class")
+    return out
+
+
+def equations_css(rules: dict[str, str]) -> str:
+    lines = ["/* Made by tools/pages.py: KaTeX's inline styles of docs/equations.tex, as classes. */"]
+    for name, style in sorted(rules.items()):
+        decls = [d.strip() for d in style.split(";") if d.strip()]
+        lines.append(f".{name}{{" + ";".join(f"{d}!important" for d in decls) + "}")
+    return "\n".join(lines) + "\n"
+
+
+def katex_assets() -> dict[str, bytes]:
+    """KaTeX's stylesheet with only the woff2 fonts it names (Chromium, Firefox and Safari read
+    woff2; the woff and ttf copies would only add weight), the fonts, and KaTeX's licence."""
+    dist = KATEX / "node_modules" / "katex" / "dist"
+    css = (dist / "katex.min.css").read_text(encoding="utf-8")
+    woff2 = r'src:url\(fonts/[\w-]+\.woff2\) format\("woff2"\)'
+    css, count = re.subn(rf'({woff2})(?:,url\([^)]*\) format\("\w+"\))+', r"\1", css)
+    fonts = sorted(set(re.findall(r"url\(fonts/([\w-]+\.woff2)\)", css)))
+    if count != css.count("@font-face") or re.search(r"\.(?:woff|ttf)\)", css):
+        raise BuildError("KaTeX's stylesheet names its fonts in a way this build does not know")
+    head = (f"/* KaTeX {KATEX_VERSION} (MIT licence: LICENSE beside this file), copied by tools/pages.py "
+            f"with its fonts reduced to the woff2 files */\n")
+    files = {"assets/katex/katex.min.css": (head + css).encode(),
+             "assets/katex/LICENSE": (KATEX / "node_modules" / "katex" / "LICENSE").read_bytes()}
+    for font in fonts:
+        files[f"assets/katex/fonts/{font}"] = (dist / "fonts" / font).read_bytes()
+    return files
+
+
+# --------------------------------------------------------------------------------------
+# A script, read: which lines are code, comments, docstrings and banners
+# --------------------------------------------------------------------------------------
+
+BANNER = re.compile(r"#\s*={10,}\s*$")
+
+
+@dataclass
+class Script:
+    name: str
+    lines: list[str]
+    kind: dict[int, str]                       # code, blank, comment, banner, doc
+    prose: dict[int, str]                      # comment and docstring lines -> their text
+    doc_start: set[int]                        # the first line of each docstring shown as prose
+    module_doc: range
+    breaks: set[int]                           # a new section starts at these lines
+    names: dict[str, int]                      # top-level names -> the line that binds them
+    docstring: str
+    imports_common: set[int]                   # the lines of `from common import ...`
+
+
+def read_script(path: Path, name: str) -> Script:
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    try:
+        tree = ast.parse(text, filename=name)
+    except SyntaxError as e:
+        raise BuildError(f"{name}:{e.lineno}: not Python the build can read: {e.msg}") from None
+    kind = {n: ("code" if line.strip() else "blank") for n, line in enumerate(lines, 1)}
+    prose: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT and not tok.line[:tok.start[1]].strip():
+            n = tok.start[0]
+            kind[n] = "banner" if BANNER.match(tok.string) else "comment"
+            prose[n] = tok.string[1:][1:] if tok.string[1:2] == " " else tok.string[1:]
+    doc_start: set[int] = set()
+    breaks: set[int] = set()
+    module_doc = range(0)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = node.body
+        if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            continue
+        doc = body[0]
+        first, last = doc.lineno, doc.end_lineno
+        alone = (not lines[first - 1][:doc.col_offset].strip()
+                 and not lines[last - 1][doc.end_col_offset:].strip()
+                 and (isinstance(node, ast.Module) or first > node.lineno))
+        if not alone:
+            continue
+        for n, line in docstring_lines(doc.value.value, lines, first, last).items():
+            kind[n] = "doc"
+            if line is not None:
+                prose[n] = line
+        doc_start.add(first)
+        if isinstance(node, ast.Module):
+            module_doc = range(first, last + 1)
+        else:
+            breaks.add(min([node.lineno] + [d.lineno for d in node.decorator_list]))
+    names: dict[str, int] = {}
+    imports_common: set[int] = set()
+    for node in tree.body:
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            breaks.add(start)
+            names.setdefault(node.name, start)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names.setdefault(leaf.id, node.lineno)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and node.module == "common":
+                imports_common.update(range(node.lineno, node.end_lineno + 1))
+            for alias in node.names:
+                names.setdefault((alias.asname or alias.name).split(".")[0], node.lineno)
+    return Script(name, lines, kind, prose, doc_start, module_doc, breaks, names,
+                  ast.get_docstring(tree) or "", imports_common)
+
+
+def docstring_lines(value: str, lines: list[str], first: int, last: int) -> dict[int, str | None]:
+    """Line -> the docstring's text on it, dedented as inspect.cleandoc does; None for a line that
+    holds only quotes. The value's lines when they map one to one onto the source's (no escaped
+    newline), so that escapes read as Python reads them; else the source's, quotes stripped."""
+    texts = value.split("\n")
+    if len(texts) != last - first + 1:
+        texts = [lines[n - 1] for n in range(first, last + 1)]
+        texts[0] = re.sub(r'^\s*[rRbBuU]*("""|\'\'\'|"|\')', "", texts[0])
+        texts[-1] = re.sub(r'("""|\'\'\'|"|\')\s*$', "", texts[-1])
+    rest = [t for t in texts[1:] if t.strip()]
+    indent = min((len(t) - len(t.lstrip()) for t in rest), default=0)
+    out: dict[int, str | None] = {}
+    for k, t in enumerate(texts):
+        t = t if k == 0 else t[indent:]
+        out[first + k] = t.rstrip() if t.strip() else None
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Sections: a heading (a banner), or prose beside the code it precedes
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Section:
+    heading: str = ""
+    heading_lines: list[int] = field(default_factory=list)
+    prose: list[tuple[int, str | None]] = field(default_factory=list)   # None: a paragraph break
+    code: list[int] = field(default_factory=list)
+    quiet: list[int] = field(default_factory=list)    # lines shown nowhere (blank, quotes): anchors only
+
+    def has_code(self) -> bool:
+        return bool(self.code)      # a blank line joins the code only after a line of code
+
+
+def sections_of(s: Script, extra_breaks: set[int]) -> list[Section]:
+    breaks = s.breaks | extra_breaks
+    sections: list[Section] = []
+    cur = Section()
+    gap = False
+
+    def close() -> None:
+        nonlocal cur
+        if cur.prose or cur.code or cur.quiet:
+            sections.append(cur)
+        cur = Section()
+
+    n, total = 1, len(s.lines)
+    while n <= total:
+        kind = s.kind[n]
+        if kind == "banner":
+            close()
+            heading = Section(heading_lines=[n])
+            n += 1
+            texts = []
+            while n <= total and s.kind[n] in ("comment", "banner"):
+                heading.heading_lines.append(n)
+                if s.kind[n] == "banner":
+                    n += 1
+                    break
+                texts.append(s.prose[n].strip())
+                n += 1
+            heading.heading = " ".join(t for t in texts if t)
+            sections.append(heading)
+            gap = False
+            continue
+        if kind == "comment":
+            if cur.has_code():
+                close()
+            elif gap and cur.prose:
+                cur.prose.append((n, None))
+            cur.prose.append((n, s.prose[n]))
+            gap = False
+        elif kind == "doc":
+            if n in s.doc_start and cur.prose:
+                cur.prose.append((n, None))
+            if n in s.prose:
+                cur.prose.append((n, s.prose[n]))
+            else:
+                cur.prose.append((n, None))
+                cur.quiet.append(n)
+        elif kind == "blank":
+            if cur.has_code():
+                cur.code.append(n)
+            else:
+                cur.quiet.append(n)
+                gap = True
+        else:
+            if n in breaks and cur.has_code():
+                close()
+            cur.code.append(n)
+            gap = False
+        n += 1
+    close()
+    return sections
+
+
+# --------------------------------------------------------------------------------------
+# Where each equation is typeset: the first comment line that opens with it (`# Eq. (4): ...`);
+# else its first mention in a function's or class's docstring, else in a comment, else in code,
+# else in the module's docstring
+# --------------------------------------------------------------------------------------
+
+def anchors(s: Script, numbers: list[int]) -> dict[int, int]:
+    """Equation number -> the line it is typeset beside."""
+    named = named_equations("\n".join(s.lines))
+    found = {}
+    for number in numbers:
+        lines = named.get(number, [])
+        opening = [n for n in lines if s.kind[n] == "comment" and (m := MENTION.match(s.prose[n].strip()))
+                   and number in mention_numbers(m.group())]
+        docs = [n for n in lines if s.kind[n] == "doc" and n not in s.module_doc]
+        comments = [n for n in lines if s.kind[n] == "comment"]
+        code = [n for n in lines if s.kind[n] == "code"]
+        pick = (opening or docs or comments or code or lines or [None])[0]
+        if pick is not None:
+            found[number] = pick
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# HTML: inline text, prose blocks, code lines
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Page:
+    """What a page's text may link to."""
+    equations: set[int]                       # typeset on this page: #eq-n
+    common: set[str]                          # common.py's top-level names: common.html#X
+    common_href: str = "common.html"
+    scripts: tuple[str, ...] = ()
+    root: Path = ROOT
+
+
+INLINE = re.compile(
+    r"(?P<code>`[^`\n]+`)"
+    rf"|(?P<eq>{MENTION.pattern})"
+    r"|(?P<script>\b[a-z_]+\.py\b)(?!/)"
+    r"|(?P<common>\bcommon\.(?P<name>[A-Za-z_]\w*))"
+    r"|(?P<path>\b(?:docs|tests|tools|plumbing)/[\w./-]*\w)"
+)
+
+
+def eq_links(mention: str, page: Page) -> str:
+    """A mention with each number it names linked to its box on this page (a range's ends)."""
+    out, last = [], 0
+    for k, m in enumerate(re.finditer(NUM, mention)):
+        number = int(m.group().strip("()"))
+        start = 0 if k == 0 else m.start()
+        piece = mention[start:m.end()]
+        out.append(html.escape(mention[last:start]))
+        if number in page.equations:
+            out.append(f'<a class="eqref" href="#eq-{number}">{html.escape(piece)}</a>')
+        else:
+            out.append(html.escape(piece))
+        last = m.end()
+    out.append(html.escape(mention[last:]))
+    return "".join(out)
+
+
+def inline_text(text: str, page: Page | None = None) -> str:
+    """Escaped text with `code`, equation mentions, common.X, script names and repository paths
+    turned into markup and links."""
+    if page is None:
+        return html.escape(text)
+    out, last = [], 0
+    for m in INLINE.finditer(text):
+        out.append(html.escape(text[last:m.start()]))
+        last = m.end()
+        whole = m.group()
+        if m["code"]:
+            out.append(f"<code>{html.escape(whole[1:-1])}</code>")
+        elif m["eq"]:
+            out.append(eq_links(whole, page))
+        elif m["script"] and whole in page.scripts:
+            out.append(f'<a href="{Path(whole).stem}.html">{html.escape(whole)}</a>')
+        elif m["common"] and m["name"] in page.common:
+            out.append(f'<a href="{page.common_href}#{m["name"]}">{html.escape(whole)}</a>')
+        elif m["path"] and (page.root / whole).exists():
+            href = "../" + whole[len("docs/"):] if whole.startswith("docs/") else "../../" + whole
+            out.append(f'<a href="{html.escape(href)}">{html.escape(whole)}</a>')
+        else:
+            out.append(html.escape(whole))
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
+FORMULA = re.compile(rf"(?:Sec\. [\d.]+ \()?{MENTION.pattern}[^:]{{0,24}}:")
+
+
+def prose_blocks(items: list[tuple[int, str | None]],
+                 comments: set[int]) -> list[tuple[str, list[tuple[int, str]]]]:
+    """Comment or docstring lines as blocks: ('p' | 'formula' | 'li' | 'pre', [(line, text)]).
+    A blank line ends a block; a line that opens with NOTE( starts one, and so does a comment that
+    opens with an equation and a colon (`# Eq. (4): l_i = ...`), a formula, kept as written; '- '
+    starts a list item, deeper lines continue it; other indented lines are kept as they are
+    (commands, examples, a formula's second line)."""
+    blocks: list[tuple[str, list[tuple[int, str]]]] = []
+    cur: tuple[str, list[tuple[int, str]]] | None = None
+    item_indent = 0
+    for n, text in items:
+        if text is None or not text.strip():
+            cur = None
+            continue
+        indent = len(text) - len(text.lstrip())
+        body = text.strip()
+        if body.startswith("- ") and indent <= 4:
+            cur = ("li", [(n, body[2:])])
+            blocks.append(cur)
+            item_indent = indent
+        elif cur and cur[0] == "li" and indent > item_indent:
+            cur[1].append((n, body))
+        elif indent > 0:
+            if cur and cur[0] in ("pre", "formula"):
+                cur[1].append((n, text))
+            else:
+                cur = ("pre", [(n, text)])
+                blocks.append(cur)
+        elif (formula := n in comments and FORMULA.match(body)) or body.startswith("NOTE(") or not cur \
+                or cur[0] in ("pre", "li"):
+            cur = ("formula" if formula else "p", [(n, body)])
+            blocks.append(cur)
+        else:
+            cur[1].append((n, body))
+    return blocks
+
+
+def anchor_spans(lines: list[int]) -> str:
+    return "".join(f'<span id="L{n}"></span>' for n in lines)
+
+
+def eq_box(eq: Equation, where: int | None, paper: str) -> str:
+    named = (f' <span class="eq-where">named on <a href="#L{where}">line {where}</a></span>'
+             if where is not None else "")
+    note = f'<p class="eq-note">{eq.note_html}</p>' if eq.note_html else ""
+    label = f"{paper}, Eq. ({eq.number})" if paper else f"Eq. ({eq.number})"
+    return (f'<div class="eq" id="eq-{eq.number}"><p class="eq-label"><a href="#eq-{eq.number}">'
+            f"{html.escape(label)}</a>{named}</p>"
+            f'<div class="eq-math">{eq.html}</div>{note}</div>')
+
+
+def render_prose(items: list[tuple[int, str | None]], boxes: dict[int, list[str]], page: Page,
+                 comments: set[int]) -> str:
+    out = []
+    list_open = False
+    for kind, lines in prose_blocks(items, comments):
+        ids = anchor_spans([n for n, _ in lines])
+        if kind == "li" and not list_open:
+            out.append("<ul>")
+            list_open = True
+        elif kind != "li" and list_open:
+            out.append("</ul>")
+            list_open = False
+        if kind == "li":
+            out.append(f"<li>{ids}{inline_text(' '.join(t for _, t in lines), page)}</li>")
+        elif kind == "pre":
+            base = min(len(t) - len(t.lstrip()) for _, t in lines)
+            body = "\n".join(inline_text(t[base:], page) for _, t in lines)
+            out.append(f"<pre>{ids}{body}</pre>")
+        elif kind == "formula":
+            first, rest = lines[0][1], [t for _, t in lines[1:]]
+            body = "\n".join([inline_text(first, page)] + [inline_text(t.rstrip(), page) for t in rest])
+            out.append(f'<p class="formula">{ids}{body}</p>')
+        else:
+            out.append(f"<p>{ids}{inline_text(' '.join(t for _, t in lines), page)}</p>")
+        for n, _ in lines:
+            out.extend(boxes.pop(n, []))
+    if list_open:
+        out.append("</ul>")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# Code: Pygments' tokens, a span per kind the stylesheet colours, links to common.py and to
+# the equations
+# --------------------------------------------------------------------------------------
+
+def token_lines(text: str) -> list[list[tuple[str, str]]]:
+    """Per source line, its (css class, text) pieces; '' for text the stylesheet leaves plain."""
+    from pygments.lexers import PythonLexer
+    from pygments.token import Comment, Keyword, Name, Number, Operator, String
+
+    kinds = [(String.Doc, "s"), (String, "s"), (Comment, "c"), (Keyword, "k"), (Operator.Word, "k"),
+             (Name.Builtin.Pseudo, "bp"), (Name.Builtin, "nb"), (Name.Function, "nf"), (Name.Class, "nf"),
+             (Name.Decorator, "nd"), (Number, "m")]
+    lines: list[list[tuple[str, str]]] = [[]]
+    for tok, value in PythonLexer(stripnl=False, ensurenl=True).get_tokens(text):
+        css = next((c for t, c in kinds if tok in t), "")
+        for k, piece in enumerate(value.split("\n")):
+            if k:
+                lines.append([])
+            if piece:
+                lines[-1].append((css, piece))
+    return lines
+
+
+def render_code_line(pieces: list[tuple[str, str]], page: Page, imports_common: bool) -> str:
+    """One line's HTML: `common.X` (and X in `from common import X`) links X to its section of
+    the common.py page; an equation named in a comment or a string links to its box."""
+    out = []
+    for k, (css, text) in enumerate(pieces):
+        body = html.escape(text)
+        if css in ("c", "s"):
+            body = "".join(eq_links(p, page) if MENTION.fullmatch(p) else html.escape(p)
+                           for p in re.split(f"({MENTION.pattern})", text) if p)
+        elif css == "" and text in page.common:
+            prev = [t for _, t in pieces[:k] if t.strip()]
+            if imports_common or (prev[-2:] in (["common", "."], ["@common", "."])):
+                body = f'<a class="common" href="{page.common_href}#{text}">{body}</a>'
+        out.append(f'<span class="{css}">{body}</span>' if css else body)
+    return "".join(out)
+
+
+def render_code(lines: list[int], tokens: list[list[tuple[str, str]]], page: Page, s: Script) -> str:
+    rows = []
+    for n in lines:
+        body = render_code_line(tokens[n - 1], page, n in s.imports_common)
+        rows.append(f'<span class="line" id="L{n}"><a class="ln" href="#L{n}">{n}</a>{body}</span>')
+    return "<pre><code>" + "".join(rows) + "</code></pre>"
+
+
+# --------------------------------------------------------------------------------------
+# A page
+# --------------------------------------------------------------------------------------
+
+def slug(text: str, taken: set[str]) -> str:
+    base = "h-" + (re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48].strip("-") or "section")
+    name, k = base, 2
+    while name in taken:
+        name, k = f"{base}-{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def paper_link(docstring: str) -> tuple[str, str] | None:
+    """(label, address) of the paper a script's docstring names: its arXiv id, else its ACL Anthology id."""
+    arxiv = re.search(r"arXiv:(\d{4}\.\d{4,5})", docstring)
+    if arxiv:
+        return f"arXiv:{arxiv[1]}", f"https://arxiv.org/abs/{arxiv[1]}"
+    acl = re.search(r"ACL Anthology ([\w.-]*\w)", docstring)
+    if acl:
+        return f"ACL Anthology {acl[1]}", f"https://aclanthology.org/{acl[1]}/"
+    return None
+
+
+def title_of(docstring: str) -> str:
+    return " ".join(docstring.split("\n\n", 1)[0].split())
+
+
+def head(title: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            '<meta name="color-scheme" content="light dark">\n'
+            f"<title>{html.escape(title)}</title>\n"
+            '<link rel="stylesheet" href="assets/katex/katex.min.css">\n'
+            '<link rel="stylesheet" href="assets/equations.css">\n'
+            '<link rel="stylesheet" href="assets/pages.css">\n'
+            "</head>\n")
+
+
+def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Path,
+                rules: dict[str, str]) -> str:
+    numbers = sorted(equations)
+    where = anchors(s, numbers)
+    code_anchors = {line for line in where.values() if s.kind.get(line) == "code"}
+    sections = sections_of(s, code_anchors)
+    tokens = token_lines("\n".join(s.lines) + "\n")
+    paper = PAPERS.get(s.name, "")
+    boxes: dict[int, list[str]] = {}
+    for number in numbers:
+        line = where[number]
+        eq = equations[number]
+        eq_html = styles_to_classes(eq_box(eq, line if line in code_anchors else None, paper), rules)
+        boxes.setdefault(line, []).append(eq_html)
+    taken: set[str] = set()
+    body, contents = [], []
+    for sec in sections:
+        if sec.heading_lines:
+            ident = slug(sec.heading or "section", taken)
+            contents.append((ident, sec.heading))
+            body.append(f'<section class="row banner"><div class="prose"><h2 id="{ident}">'
+                        f"{anchor_spans(sec.heading_lines)}{inline_text(sec.heading, page)}</h2></div>"
+                        f'<div class="code"></div></section>')
+            continue
+        code = list(sec.code)
+        while code and s.kind[code[-1]] == "blank":
+            sec.quiet.append(code.pop())
+        while code and s.kind[code[0]] == "blank":
+            sec.quiet.append(code.pop(0))
+        starts = sorted(name for name, line in s.names.items() if [line] == code[:1])
+        ids = "".join(f'<span id="{name}"></span>' for name in starts if s.name == "common.py")
+        prose = render_prose(sec.prose, boxes, page, {n for n, k in s.kind.items() if k == "comment"})
+        at_code = [b for n in code for b in boxes.pop(n, []) if n == code[0]]
+        quiet = anchor_spans(sorted(set(sec.quiet)))
+        code_html = render_code(code, tokens, page, s) if code else ""
+        body.append(f'<section class="row"><div class="prose">{ids}{prose}{"".join(at_code)}{quiet}</div>'
+                    f'<div class="code">{code_html}</div></section>')
+        # names of common.py bound inside a section, not at its first line: an anchor on their line
+    if boxes:
+        lost = ", ".join(str(n) for n in sorted(boxes))
+        raise BuildError(f"{s.name}: the equations to be typeset on lines {lost} found no place on the page")
+    body_html = "\n".join(body)
+    if s.name == "common.py":
+        body_html = common_anchors(body_html, s)
+    label = paper_link(s.docstring)
+    if s.name in PAPERS and label is None:
+        raise BuildError(f"{s.name}: its docstring names no arXiv id (arXiv:NNNN.NNNNN) and no ACL Anthology "
+                         f"id, so its page cannot link its paper")
+    stem = Path(s.name).stem
+    links = []
+    if label:
+        links.append(f'<li>Paper: <a href="{label[1]}">{html.escape(label[0])}</a></li>')
+    if (root / "docs" / f"{stem}.md").is_file():
+        links.append(f'<li>Method page: <a href="../{stem}.md">docs/{stem}.md</a></li>')
+    links.append(f'<li>Source: <a href="../../{s.name}">{s.name}</a></li>')
+    toc = "".join(f'<li><a href="#{i}">{html.escape(t)}</a></li>' for i, t in contents)
+    eq_list = " ".join(f'<a href="#eq-{n}">({n})</a>' for n in numbers)
+    title = title_of(s.docstring)
+    header = (f'<header class="row top"><div class="prose"><p class="crumbs"><a href="index.html">'
+              f"Annotated scripts</a></p><h1>{html.escape(s.name)}</h1>"
+              + (f'<p class="subtitle">{html.escape(title)}</p>' if title else "")
+              + f'<ul class="links">{"".join(links)}</ul>'
+              + (f'<p class="eqs">Equations of {html.escape(paper or "the paper")}, typeset from it: '
+                 f"{eq_list}</p>" if numbers else "")
+              + (f'<details class="toc"><summary>Contents</summary><ul>{toc}</ul></details>' if toc else "")
+              + '</div><div class="code"></div></header>')
+    footer = ('<footer class="row foot"><div class="prose"><p>Made by <code>python tools/pages.py</code> '
+              f'from <a href="../../{s.name}">{s.name}</a>'
+              + (' and <a href="../equations.tex">docs/equations.tex</a>' if numbers else "")
+              + ': edit those, not this page.</p></div><div class="code"></div></footer>')
+    title_line = f"{s.name}, annotated" + (f": {paper}" if paper else "")
+    return (head(title_line) + "<body>\n" + header + "\n<main>\n" + body_html + "\n</main>\n" + footer
+            + "\n</body>\n</html>\n")
+
+
+def common_anchors(body: str, s: Script) -> str:
+    """An id per top-level name of common.py, on the section that starts with it, else on its line."""
+    for name, line in sorted(s.names.items(), key=lambda x: x[1]):
+        if f'<span id="{name}"></span>' in body:
+            continue
+        body = body.replace(f'<span class="line" id="L{line}">',
+                            f'<span class="line" id="L{line}"><span id="{name}"></span>', 1)
+    return body
+
+
+def index_page(scripts: list[Script], counts: dict[str, int]) -> str:
+    rows = []
+    for s in scripts:
+        stem = Path(s.name).stem
+        label = paper_link(s.docstring)
+        paper = (f'<a href="{label[1]}">{html.escape(label[0])}</a>' if label else "")
+        eqs = f"{counts.get(s.name, 0)} equations typeset" if counts.get(s.name) else "no equation"
+        rows.append(f'<li><a class="page" href="{stem}.html">{html.escape(s.name)}</a> '
+                    f'<span class="what">{html.escape(title_of(s.docstring))}</span> '
+                    f'<span class="meta">{paper}{" · " if paper else ""}{eqs}</span></li>')
+    body = (
+        '<main class="solo"><h1>Annotated scripts</h1>'
+        "<p>One page per script, to read beside its paper: the script's docstrings and comments as "
+        "prose on the left, the code they precede on the right, with a number and a link anchor per "
+        "line (<code>simcse.html#L112</code>). Each equation a script names is typeset from its paper "
+        "beside the line that computes it (<code>simcse.html#eq-4</code>); the script's own ASCII form "
+        "stays beside it, so the page and the file can be matched. The scripts are the source: these "
+        "pages are made from them and from <a href=\"../equations.tex\">docs/equations.tex</a> by "
+        "<code>python tools/pages.py</code>. They open from a clone, offline, and fetch nothing.</p>"
+        f'<ul class="index">{"".join(rows)}</ul>'
+        '<p><a href="../../README.md">README.md</a></p></main>')
+    return head("Annotated scripts") + "<body>\n" + body + "\n</body>\n</html>\n"
+
+
+# --------------------------------------------------------------------------------------
+# The build
+# --------------------------------------------------------------------------------------
+
+def generate(root: Path | None = None, scripts: tuple[str, ...] | None = None,
+             equations_file: str = EQUATIONS) -> dict[str, bytes]:
+    """Every file the build makes, relative to docs/pages/ -> its bytes (by default, of this
+    repository's scripts)."""
+    root = ROOT if root is None else root
+    scripts = SCRIPTS if scripts is None else scripts
+    equations = read_equations(root / equations_file) if (root / equations_file).is_file() else {}
+    wrong = coverage(root, scripts, equations)
+    if wrong:
+        raise BuildError("the scripts and the equations file disagree:\n" + "\n".join(wrong))
+    typeset(equations, equations_file)
+    read = [read_script(root / name, name) for name in scripts]
+    common = next((s for s in read if s.name == "common.py"), None)
+    page = Page(equations=set(), common=set(common.names) if common else set(), scripts=tuple(scripts),
+                root=root)
+    rules: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    counts = {}
+    for s in read:
+        own = {n: eq for (script, n), eq in equations.items() if script == s.name}
+        counts[s.name] = len(own)
+        page.equations = set(own)
+        page.common_href = "" if s.name == "common.py" else "common.html"
+        files[f"{Path(s.name).stem}.html"] = script_page(s, own, page, root, rules).encode()
+    files["index.html"] = index_page(read, counts).encode()
+    files["assets/equations.css"] = equations_css(rules).encode()
+    if equations:
+        files.update(katex_assets())
+    return files
+
+
+def write(files: dict[str, bytes], out: Path) -> None:
+    """Write the build into `out`, removing what an earlier build made that this one does not."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in sorted(out.rglob("*")):
+        rel = old.relative_to(out).as_posix()
+        if old.is_file() and rel not in files and rel not in HANDWRITTEN and (
+                rel.endswith(".html") or rel.startswith("assets/katex/") or rel == "assets/equations.css"):
+            old.unlink()
+    for rel, data in sorted(files.items()):
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_bytes() != data:
+            path.write_bytes(data)
+
+
+def stale(files: dict[str, bytes], out: Path) -> list[str]:
+    """What differs between a fresh build and the pages in `out`."""
+    wrong = []
+    for rel, data in sorted(files.items()):
+        path = out / rel
+        if not path.is_file():
+            wrong.append(f"{rel}: missing")
+        elif path.read_bytes() != data:
+            wrong.append(f"{rel}: differs from a fresh build")
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).as_posix()
+        if path.is_file() and rel not in files and rel not in HANDWRITTEN:
+            wrong.append(f"{rel}: not made by the build")
+    for rel in HANDWRITTEN:
+        if not (out / rel).is_file():
+            wrong.append(f"{rel}: missing (written by hand, not made by the build)")
+    return wrong
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=f"Once, before the first build: {SETUP} (KaTeX, as pinned).")
+    parser.add_argument("--check", action="store_true", help="build in memory and name every file of "
+                        "docs/pages/ that differs from what the build makes; change nothing")
+    args = parser.parse_args(argv)
+    if pygments_differs():
+        print(f"note: {pygments_differs()}", file=sys.stderr)
+    try:
+        files = generate()
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    out = ROOT / OUT
+    if args.check:
+        wrong = stale(files, out)
+        if wrong:
+            print("stale pages (rebuild: python tools/pages.py):\n" + "\n".join(wrong), file=sys.stderr)
+            return 1
+        print(f"{OUT}: {len(files)} files, as a fresh build makes them")
+        return 0
+    write(files, out)
+    print(f"{OUT}: {len(files)} files ({sum(map(len, files.values())) // 1024} KB), "
+          f"{sum(1 for f in files if f.endswith('.html'))} pages")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
