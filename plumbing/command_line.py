@@ -30,13 +30,12 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     """Call `main(argv)`, and end in one line: a UserError (exit 2) or a failed write (4), the GPU
     out of memory (3), Ctrl-C (130), SIGTERM (143) or SIGHUP (129), each with what to do next, said
     once under torchrun (rank 0's); a rank stopped because another one ended says so; the run
-    folder let go. A signal whose exception was dropped on the way still ends the command here."""
+    folder let go."""
     release_run_folders()                                  # common.start names this command's run
     handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
     stderr, sys.stderr = sys.stderr, Screen(sys.stderr)
     try:
         main(sys.argv[1:] if argv is None else argv)
-        interrupts.stop_if_signalled()
     except NothingToDo as e:
         say(str(e))
     except UserError as e:

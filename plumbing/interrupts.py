@@ -9,11 +9,9 @@ written before main starts, so the same command is what to run again. Standard l
 is in place before the slow imports begin.
 
 Once run_main holds them, a signal raises KeyboardInterrupt where the program is (Stopped for
-SIGTERM and SIGHUP) and is also remembered: an exception raised inside a __del__ or a callback of
-the garbage collector is dropped by Python with a warning, and the run would go on; the next
-write of the run (stop_if_signalled) or run_main's end raises it again. While a checkpoint is
-swapped into place (deferred) a signal waits until both renames are done. After run_main, while
-Python shuts down, a script's process ignores them: the run has ended and said so.
+SIGTERM and SIGHUP); while a checkpoint is swapped into place (deferred) it waits until both
+renames are done. After run_main, while Python shuts down, a script's process ignores them: the
+run has ended and said so.
 """
 
 import contextlib
@@ -60,42 +58,26 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-received: int | None = None     # the signal that stopped this command, once one came
-_deferring = False              # inside deferred(): a signal is remembered, raised after the block
+received: int | None = None     # a signal that came inside deferred(): raised right after it
+_deferring = False
 
 
 def on_signal(signum: int, frame) -> None:
     global received
-    received = signum
-    if not _deferring:
-        raise KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
-
-
-def _unraisable(unraisable) -> None:
-    """Python's report of an exception it dropped (raised inside a __del__): a stop is left out, as
-    it is remembered and said once, when the command ends."""
-    if not (received is not None and isinstance(unraisable.exc_value, KeyboardInterrupt)):
-        sys.__unraisablehook__(unraisable)
+    if _deferring:
+        received = signum
+        return
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 
 def take_over() -> dict:
     """run_main's start: the signals raise (on_signal), except those the process was started
     ignoring. Returns the handlers it replaced (give_back puts them back)."""
-    global received
-    received = None
     before = {s: signal.getsignal(s) for s in WHAT}
     for signum, handler in before.items():
         if handler is not signal.SIG_IGN:
             signal.signal(signum, on_signal)
-    before["unraisablehook"], sys.unraisablehook = sys.unraisablehook, _unraisable
     return before
-
-
-def stop_if_signalled() -> None:
-    """Raise the stop a signal asked for if its exception was dropped (raised inside a __del__):
-    before each write of a run, and at run_main's end."""
-    if received is not None:
-        on_signal(received, None)
 
 
 def give_back(before: dict) -> None:
@@ -103,9 +85,6 @@ def give_back(before: dict) -> None:
     a second or two after the last line, and early in it Python gives each signal back its default
     action (to end the process without a word); a program that called run_main gets its handlers
     back."""
-    global received
-    received = None
-    sys.unraisablehook = before.pop("unraisablehook", sys.unraisablehook)
     for signum, handler in before.items():
         signal.signal(signum, signal.SIG_IGN if SCRIPT else handler)
 
@@ -115,11 +94,12 @@ def deferred():
     """A signal that comes inside the block (the two renames that swap a checkpoint in) raises
     right after it. Python-level, not a signal mask: the system may hand a signal to any thread
     (torch's), and Python runs the handler in the main thread whatever mask that thread holds."""
-    global _deferring
+    global _deferring, received
     outer, _deferring = _deferring, True
     try:
         yield
     finally:
         _deferring = outer
-    if not outer:
-        stop_if_signalled()
+    if not outer and received is not None:
+        signum, received = received, None
+        on_signal(signum, None)

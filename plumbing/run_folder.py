@@ -1,14 +1,14 @@
 """The run folder (--output_dir). common.start names it (RunFolder.named: the flag, or the default
-folder for these flags and this code) and opens it last (open: held by this process, checked, its
-record written or --resume held to it); train() then keeps its log, last/ and best/ there through
-RunFolder.of. The record: args.json (the flags), run.json (the script, the data's fingerprint and
-the code's: the script and common.py), code/ (copies of both as the run started). Four rules:
-1. A run writes only into a folder it made, or an empty one, or its own run folder (its run.json,
-   and nothing but what a run writes): any other folder is refused before anything is written;
-   nothing is written in place while another name shares the file (a hard link).
+folder for these flags and this code) and opens it last (open: held, checked, its record written
+or --resume held to it); train() keeps its log, last/ and best/ there (RunFolder.of). The record:
+args.json (the flags), run.json (the script and the fingerprints of the data and of the code that
+shapes training, the script and common.py), code/ (copies of both as the run started). Four rules:
+1. A run writes only into a folder it made, an empty one, or its own run folder (run.json, and
+   nothing but what a run writes): any other is refused before anything is written; nothing is
+   written in place while another name shares the file (a hard link).
 2. A refused command changes nothing on disk: every check comes before the first write.
 3. Nothing is loaded before it is verified: last/state.pt's checksum before torch.load; a
-   checkpoint, or a best/, that cannot be shown to be this run's (its identity: script, stage,
+   checkpoint or a best/ that cannot be shown to be this run's (its identity: script, stage,
    flags, data, code) is refused with what to do.
 4. A write the system refuses ends in one line that names what is intact (errors.writing).
 A run that trains several models (rcl.py) keeps each in a stage of its own (Stage)."""
@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from plumbing import interrupts
 from plumbing.atomic_writes import (
     atomic_dir,
     no_follow,
@@ -63,31 +62,22 @@ STAGE_ENTRIES = {"metrics.jsonl", "last", "best", "end", DONE}
 TEMPORARY = re.compile(r"\.(.+?)(\.old|\.tmp-\w+|\.\d+\.tmp)")
 CHECKPOINT_KEYS = {"model", "opt", "sched", "step", "best", "best_step", "dev", "log_bytes", "rng_cpu", "run"}
 NO_CHECKPOINT = "no checkpoint was written yet"
+UNWRITABLE = "--output_dir {}: cannot be written ({}). Choose a folder you can write to."
 
-# the run folder this command named (common.start), by its resolved path: what a stop or a failed
-# write says is intact, what train() writes into; its lock lives with it
-_named: dict[str, RunFolder] = {}
+# the run folder this command named (common.start): what a stop or a failed write says is intact,
+# where train() writes; its lock lives with it
+_held: dict[str, RunFolder] = {}
 
-
-# -------------------------------------------------------------------------------------
-# What makes a run this run: its code, its data, its flags
-# -------------------------------------------------------------------------------------
 
 def code_files(args: Any) -> dict[str, Path]:
-    """The files that shape what a run trains, by name: its script and common.py. (plumbing/ keeps
-    runs safe and fast; an edit there changes no figure.)"""
-    script = Path(sys.modules[type(args).__module__].__file__)
-    common = Path(sys.modules["common"].__file__)
-    return {script.name: script, common.name: common}
-
-
-def code_of(args: Any) -> dict[str, str]:
-    """The SHA-256 of each file of code_files()."""
-    return {name: sha256_file(path) for name, path in code_files(args).items()}
+    """The files that shape what a run trains: its script and common.py (plumbing/ keeps runs safe
+    and fast; an edit there changes no figure)."""
+    return {p.name: p for p in (Path(sys.modules[type(args).__module__].__file__),
+                                Path(sys.modules["common"].__file__))}
 
 
 def code_id(code: dict[str, str]) -> str:
-    """Six hex digits that name a version of the code (a folder's suffix, compare's label)."""
+    """Six hex digits that name a version of the code (the suffix of a default folder)."""
     return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:6]
 
 
@@ -102,11 +92,10 @@ def data_fingerprint(path: str | Path) -> str:
     return _fingerprint(str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino))
 
 
-def training_flags(args: Any) -> dict:
-    """The flags that say what a run trains, as args.json holds them: all but NOT_TRAINING, and
-    --data, whose content the identity holds (its fingerprint), not its path."""
+def flags_of(args: Any, leave_out: tuple[str, ...] = ()) -> dict:
+    """The flags as args.json holds them, but those in `leave_out`."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    return {k: v for k, v in flags.items() if k not in (*NOT_TRAINING, "data")}
+    return {k: v for k, v in flags.items() if k not in leave_out}
 
 
 def read_record(path: Path, remedy: str = "Put the file back, or train the run again in another "
@@ -120,30 +109,14 @@ def read_record(path: Path, remedy: str = "Put the file back, or train the run a
                         f"be checked against it. {remedy}")
 
 
-def recorded_code(folder: Path) -> dict | None:
-    """The code a run folder's run.json records, or None (no run there, or an earlier version's)."""
-    try:
-        code = read_json_object(folder / "run.json").get("code")
-    except ValueError:
-        return None
-    return code if isinstance(code, dict) else None
-
-
 def another_folder(out: Path) -> Path:
     """A folder beside `out` that does not exist yet: out-2, out-3, ..."""
-    k = 2
-    while out.with_name(f"{out.name}-{k}").exists():
-        k += 1
-    return out.with_name(f"{out.name}-{k}")
+    return next(p for k in range(2, 10**6) if not (p := out.with_name(f"{out.name}-{k}")).exists())
 
-
-# -------------------------------------------------------------------------------------
-# Rule 1: only a folder it made, an empty one, or its own
-# -------------------------------------------------------------------------------------
 
 def describe(path: Path) -> str | None:
-    """What `path` is, if it is neither a file nor a folder: a run writes through no link, and
-    trusts no pipe or device in its place."""
+    """What `path` is if it is neither a file nor a folder: a run writes through no link, and trusts
+    no pipe or device in its place."""
     mode = os.lstat(path).st_mode
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
@@ -152,85 +125,81 @@ def describe(path: Path) -> str | None:
 
 
 def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
-    """The first entry of `folder` that no run of this project writes there, said in a few words;
-    None when every entry is one (last/ holds its two files, code/ the .py copies, a folder that
-    is not the run's own is a stage of it: rcl.py's entropy models)."""
+    """The first entry of `folder` that no run of this project writes there, in a few words; None
+    when each is one (last/ holds its two files, code/ .py copies; another folder is a stage)."""
     for entry in sorted(folder.iterdir()):
-        name = TEMPORARY.fullmatch(entry.name)[1] if TEMPORARY.fullmatch(entry.name) else entry.name
+        name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
         if (what := describe(entry)) is not None:
             return f"{entry} is {what}"
         inside = {"last": {"state.pt", CHECKSUM}, CODE: {p.name for p in entry.glob("*.py")}}.get(name)
         if name in allowed and inside is not None and entry.is_dir():
             if stray := next((p for p in sorted(entry.iterdir()) if p.name not in inside), None):
                 return f"{stray} is not a file a run writes"
-        elif name not in allowed and not (depth == 0 and entry.is_dir() and entry.name[0] != "."
+        elif name not in allowed and not (depth == 0 and entry.is_dir() and not m
                                           and foreign_entry(entry, STAGE_ENTRIES, 1) is None):
             return f"{entry} is not a file a run writes"
     return None
 
 
-# -------------------------------------------------------------------------------------
-# The run folder
-# -------------------------------------------------------------------------------------
-
 class RunFolder:
     """A run's folder: the one this command named and opened (common.start), a stage inside it
-    (rcl.py's entropy models, of()), or a bare folder that train() writes into without a record
-    (a test calling train() on its own). Rank 0 writes; each write ends, if the system refuses it,
-    in one line that names what is intact (`kept`)."""
+    (rcl.py's entropy models), or a bare folder that train() writes into without a record (a test
+    calling train() alone). Rank 0 writes; a write the system refuses ends in one line (kept())."""
 
     def __init__(self, args: Any, out: str | Path | None = None, stage: str = ""):
         self.args, self.out, self.stage = args, Path(out or args.output_dir), stage
         self.log = self.out / "metrics.jsonl"
         self.main = world()[0] == 0
         self.resuming = bool(getattr(args, "resume", False))
+        self.code = {name: sha256_file(p) for name, p in code_files(args).items()}
         self.record: dict | None = None       # run.json, once written or held to
-        self.code = code_of(args)
         self.lock: int | None = None          # the held folder's (or its run.lock's) descriptor
         self.step: int | None = None          # last/'s, once this process wrote or read it
-        self.fresh: Path | None = None
+        self.fresh: Path | None = None        # where this code starts without --resume (the default)
 
-    # --- naming and opening (common.start) -------------------------------------------------
+    # --- named and opened by common.start ----------------------------------------------------
 
     @classmethod
     def named(cls, args: Any) -> RunFolder:
-        """The run folder of this command: --output_dir, or runs/<script>/<the flags that differ>;
-        when that default folder holds a run of other code, the one named after this code beside it
-        (runs/simcse/default-code3f2a1c), so that an edited script and its original are two runs.
-        Named first, so that a stop before open() says what is where."""
-        code, fresh = code_of(args), None
+        """This command's run folder: --output_dir, or runs/<script>/<the flags that differ>; when that
+        default folder holds a run of other code, the one named after this code beside it (runs/simcse/
+        default-code3f2a1c): an edited script and its original are two runs. Named before any check,
+        so that a stop says what is where."""
+        run, base = cls(args), Path(default_output_dir(args))
         if not args.output_dir:
-            base = Path(default_output_dir(args))
-            fresh = base.with_name(f"{base.name}-code{code_id(code)}")
-            mine = next((f for f in (base, fresh) if recorded_code(f) == code), None)
-            args.output_dir = str(mine or (base if not base.exists() or args.resume else fresh))
-            if args.output_dir == str(fresh) and world()[0] == 0:
+            fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
+            mine = [f for f in (base, fresh) if _try(lambda: read_json_object(f / "run.json")["code"]) ==
+                    run.code]
+            run.out = mine[0] if mine else base if not base.exists() or args.resume else fresh
+            args.output_dir, run.log, run.fresh = str(run.out), run.out / "metrics.jsonl", fresh
+            if run.out == fresh and run.main:
                 print(f"note: {base} holds a run of other code: this one goes to {fresh}", file=sys.stderr)
-        run = cls(args)
-        run.fresh = fresh if fresh != run.out else None     # where this code would start, without --resume
         release_run_folders()                               # an earlier command's in this process
-        _named[str(run.out.resolve())] = run
+        _held[str(run.out.resolve())] = run
         return run
 
     def open(self) -> None:
-        """common.start's last step: rank 0 holds the folder (a second process stops here), checks
-        it (rules 1-3: nothing written yet), then writes the record of a new run, or, on --resume,
-        puts back what a kill between two renames left. Every rank waits."""
+        """common.start's last step: rank 0 holds the folder (a second process stops here), checks it
+        (rules 1-3), then writes the record of a new run, or, on --resume, puts back what a kill
+        between two renames left. Every rank waits."""
         if self.main:
             made = not os.path.lexists(self.out)
             if made or not self.out.is_dir():
-                self.refuse_unless_ours(made)           # --resume of nothing, a file: refused, nothing made
-                self.make()
+                self.refuse_unless_ours(made)       # --resume of nothing, a file: refused, nothing made
+                try:
+                    self.out.mkdir(parents=True)
+                except OSError as e:
+                    raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
             lock_file = not os.path.lexists(self.out / LOCK)
             try:
-                self.hold()                             # a second process stops here
+                self.hold()
                 self.refuse_unless_ours(made)
                 self.write_record()
             except BaseException:
                 self.release()
                 if made:
                     shutil.rmtree(self.out, ignore_errors=True)
-                elif lock_file and self.record is None:     # hold() on a file system without folder locks
+                elif lock_file and self.record is None:     # a file system without folder locks
                     (self.out / LOCK).unlink(missing_ok=True)
                 raise
             recover_dir(self.out / "best")
@@ -238,46 +207,34 @@ class RunFolder:
         self.record = self.record or {"code": self.code}
         barrier()
 
-    def make(self) -> None:
-        unwritable = f"--output_dir {self.out}: cannot be written ({{}}). Choose a folder you can write to."
-        try:
-            self.out.mkdir(parents=True)
-        except OSError as e:
-            raise UserError(unwritable.format(e.strerror or e))
-
     def hold(self) -> None:
-        """A flock on the folder itself, dropped by the system when the process ends however it
-        ends (kill -9 too), so a dead run blocks no --resume, and a run.lock deleted under a live run
-        frees nothing. A file system that cannot lock a folder (NFS) locks its run.lock instead.
-        NOTE(ours): no fcntl (Windows), no lock."""
+        """A flock on the folder itself, which the system drops when the process ends however it ends
+        (kill -9 too), so that a dead run blocks no --resume, and a deleted run.lock frees nothing. A
+        file system that cannot lock a folder (NFS) locks run.lock. NOTE(ours): Windows: no lock."""
         if fcntl is None:
             return
         try:
-            self.lock = os.open(self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise self.in_use() from None
-            except OSError:
-                os.close(self.lock)
-                self.lock = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))
+            for path, flags in ((self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)),
+                                (self.out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))):
+                self.lock = os.open(path, flags)
                 try:
-                    fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise self.in_use() from None
+                    self.release()
+                    break
+                except OSError:                 # this file system cannot lock it: the next
+                    self.release()
+            else:
+                return                          # nothing here can be locked
         except OSError as e:
-            raise UserError(f"--output_dir {self.out}: cannot be written ({e.strerror or e}). Choose a "
-                            f"folder you can write to.")
+            raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
 
-    def in_use(self) -> UserError:
-        try:
+        def holder() -> str:
             with open(self.out / LOCK, opener=no_follow) as f:
-                holder = f.read(500).strip()
-        except (OSError, ValueError):
-            holder = ""
-        return UserError(f"--output_dir {self.out} is in use by {holder or 'another process'}. One process "
-                         f"at a time trains in a run folder: wait for that one to end (or stop it), then "
-                         f"continue the run with --resume; or choose another --output_dir.")
+                return f.read(500).strip()
+        raise UserError(f"--output_dir {self.out} is in use by {_try(holder) or 'another process'}. One "
+                        f"process at a time trains in a run folder: wait for that one to end (or stop it), "
+                        f"then continue the run with --resume; or choose another --output_dir.")
 
     def release(self) -> None:
         if self.lock is not None:
@@ -285,8 +242,8 @@ class RunFolder:
             self.lock = None
 
     def refuse_unless_ours(self, made: bool) -> None:
-        """Rules 1 and 2: refuse, before anything is written, a folder that is not a new or empty one
-        or this run's own, and a --resume that is not this run's (flags, data, script or code)."""
+        """Rules 1 and 2: refuse, before anything is written, a folder that is neither new, empty nor
+        this run's own, and a --resume that is not this run's (flags, data, script or code)."""
         out, elsewhere = self.out, f"choose another --output_dir, e.g. {another_folder(self.out)}"
         if made or out.is_dir() and all(p.name == LOCK or TEMPORARY.fullmatch(p.name) for p in out.iterdir()):
             if self.resuming:
@@ -296,8 +253,8 @@ class RunFolder:
         if not out.is_dir() or describe(out) is not None:
             raise UserError(f"--output_dir {out}: is a file; it must be a folder (the run folder). Pass a "
                             f"new folder's path, or that of a run to --resume.")
-        record = out / "run.json"
-        if "code" not in read_record(record) if record.is_file() else (out / "args.json").is_file():
+        if "code" not in read_record(out / "run.json") if (out / "run.json").is_file() else \
+                (out / "args.json").is_file():
             raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
                             f"did not record its code, so this cannot be shown to be the same run; it is "
                             f"left as it is (its best/ loads as any model). To train again, {elsewhere}.")
@@ -311,17 +268,22 @@ class RunFolder:
                             f"writes only into a new or empty folder, or its own, so that nothing else is "
                             f"overwritten: {elsewhere}.")
         run, then = read_record(out / "run.json"), read_record(out / "args.json")
-        diffs = self.differences(run, then)
+        diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}"
+                 for k, v in flags_of(self.args, NOT_TRAINING).items() if then.get(k) != v]
+        if run.get("data_sha256") != data_fingerprint(self.args.data):
+            diffs.append(f"--data {self.args.data}: its content is not the data the run started with")
+        if run.get("script") != (script := f"{script_name(self.args)}.py"):
+            diffs.append(f"the script: the run is {run.get('script')}'s, this command {script}'s")
+        code = [f for f in self.code if run["code"].get(f, self.code[f]) != self.code[f]]
+        diffs += [f"{f}: changed since the run started (its copy: {out / CODE / f})" for f in code]
         listed = "".join(f"\n  {d}" for d in diffs)
+        if not self.resuming and diffs:
+            raise UserError(f"--output_dir {out} already holds another run:{listed}\nTo start this one, "
+                            f"{elsewhere} (or delete the folder).")
         if not self.resuming:
-            again = f"{elsewhere} (or delete the folder)"
-            if diffs:
-                raise UserError(f"--output_dir {out} already holds another run:{listed}\nTo start this one, "
-                                f"{again}.")
             raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                            f"{again} to start afresh.")
+                            f"{elsewhere} (or delete the folder) to start afresh.")
         if diffs:
-            code = [f for f in self.code if run["code"].get(f, self.code[f]) != self.code[f]]
             how = f"\n(`diff {out / CODE / code[0]} {code_files(self.args)[code[0]]}` shows how; put it " \
                   f"back to continue the run)" if code else ""
             start = f"leave out --resume: it starts in {self.fresh}" if code and self.fresh else \
@@ -329,56 +291,35 @@ class RunFolder:
             raise UserError(f"--resume: this command would train another run than the one in {out}, which "
                             f"is left as it is:{listed}{how}\nTo train this, {start}.")
         self.record = run
-        # the second evaluation record comes after the first checkpoint was committed
-        evaluated = self.log.is_file() and self.log.read_text("latin-1").count('"stsb_dev"') > 1
-        if evaluated and not any((out / d / "state.pt").is_file() for d in ("last", ".last.old")) and \
-                self.finished() is None:
+        # a run's second evaluation record comes after its first checkpoint was committed
+        if self.log.is_file() and self.log.read_text("latin-1").count('"stsb_dev"') > 1 and not any(
+                (out / d / "state.pt").is_file() for d in ("last", ".last.old")) and self.finished() is None:
             raise UserError(f"--resume: {out} wrote checkpoints (its log records evaluations), but "
                             f"{out / 'last'} is gone and the run had not finished: there is nothing to "
-                            f"continue from. Train again in another --output_dir, e.g. "
-                            f"{another_folder(out)}.")
-
-    def differences(self, run: dict, then: dict) -> list[str]:
-        """How this command differs from the run recorded in `run` (run.json) and `then` (args.json)."""
-        now = json.loads(json.dumps(dataclasses.asdict(self.args), default=str))
-        diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}" for k, v in now.items()
-                 if k not in NOT_TRAINING and then.get(k) != v]
-        if run.get("data_sha256") != data_fingerprint(self.args.data):
-            diffs.append(f"--data {self.args.data}: its content is not the data the run started with")
-        if run.get("script") != f"{script_name(self.args)}.py":
-            diffs.append(f"the script: the run is {run.get('script')}'s, this command "
-                         f"{script_name(self.args)}.py's")
-        diffs += [f"{f}: changed since the run started (its copy: {self.out / CODE / f})" for f in self.code
-                  if run["code"].get(f, self.code[f]) != self.code[f]]
-        return diffs
+                            f"continue from. To train again, {elsewhere}.")
 
     def write_record(self) -> None:
-        """Who holds the folder (run.lock), then, for a new run: run.json, code/, args.json last (a
-        folder with args.json holds the whole record)."""
-        if self.lock is not None and self.lock_is_folder():
-            try:                            # a full disk: the lock's line is the run's first write
-                write_text_atomic(self.out / LOCK, f"process {os.getpid()} ("
-                                  f"{shlex.join([Path(sys.executable).name] + sys.argv)})\n")
+        """Who holds the folder (run.lock: a full disk refuses the run at its first write), then for a
+        new run run.json, code/ and args.json last (a folder with args.json holds the whole record)."""
+        if self.lock is not None and os.fstat(self.lock).st_ino == os.stat(self.out).st_ino:
+            try:
+                write_text_atomic(self.out / LOCK, f"process {os.getpid()} "
+                                  f"({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
             except OSError as e:
-                raise UserError(f"--output_dir {self.out}: cannot be written ({e.strerror or e}). Choose a "
-                                f"folder you can write to.")
+                raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
         if self.record is not None:
             return
         self.record = {"script": f"{script_name(self.args)}.py", "format": FORMAT,
                        "data_sha256": data_fingerprint(self.args.data), "code": self.code}
-        flags = json.loads(json.dumps(dataclasses.asdict(self.args), default=str))
-        files = {"run.json": json.dumps(self.record, indent=2)}
-        files.update({f"{CODE}/{f}": p.read_text(encoding="utf-8") for f, p in code_files(self.args).items()})
-        files["args.json"] = json.dumps(flags, indent=2)
+        files = {"run.json": json.dumps(self.record, indent=2),
+                 **{f"{CODE}/{f}": p.read_text(encoding="utf-8") for f, p in code_files(self.args).items()},
+                 "args.json": json.dumps(flags_of(self.args), indent=2)}
         for name, text in files.items():
             with writing(str(self.out / name), NO_CHECKPOINT, "the same command starts the run"):
                 (self.out / name).parent.mkdir(exist_ok=True)
                 write_text_atomic(self.out / name, text)
 
-    def lock_is_folder(self) -> bool:
-        return os.fstat(self.lock).st_ino == os.stat(self.out).st_ino
-
-    # --- a stop, a failed write: what is intact and what next --------------------------------
+    # --- what a stop or a failed write says; a run that had finished ---------------------------
 
     def after_a_stop(self) -> str:
         if self.record is not None:
@@ -390,19 +331,18 @@ class RunFolder:
             "command again."
 
     def kept(self) -> str:
-        """What a failed write leaves intact (kept_in), last/'s step known once written or read."""
         return kept_in(self.out, self.step)
 
     def next_command(self) -> str:
         return f"the same command {'plus --resume continues' if self.record else 'starts the run'}"
 
     def finished(self) -> dict | None:
-        """The final figures of a run that had ended (best/test_metrics.json), once best/ is shown to
-        be this run's model; None for a run that goes on."""
+        """The final figures of a run that had ended (best/test_metrics.json), once best/ is shown to be
+        this run's model; None for a run that goes on."""
         best = self.out / "best"
-        try:
-            figures, dev = (read_json_object(best / f"{name}_metrics.json") for name in ("test", "dev"))
-        except ValueError:
+        figures, dev = (_try(lambda n=n: read_json_object(best / f"{n}_metrics.json"))
+                        for n in ["test", "dev"])
+        if figures is None or dev is None:
             return None
         if diffs := self.not_mine(dev.get("run")):
             raise UserError(f"{best}: not this run's model ({', '.join(diffs[:3])}); it is left as it is. "
@@ -413,10 +353,9 @@ class RunFolder:
 
     @classmethod
     def of(cls, args: Any) -> RunFolder:
-        """The folder train() writes into: the one this command opened, a stage inside it (its
-        identity names the stage), or a bare one."""
+        """The folder train() writes into: this command's, a stage inside it, or a bare one."""
         path = Path(args.output_dir).resolve()
-        for run in _named.values():
+        for run in _held.values():
             if path == run.out.resolve():
                 return run
             if path.parent == run.out.resolve():
@@ -427,24 +366,20 @@ class RunFolder:
 
     @property
     def identity(self) -> dict:
-        """What makes a run this run, which every checkpoint and best/ carry: its script, stage,
-        training flags, data and code."""
+        """What every checkpoint and best/ carry: the script, stage, training flags, data and code."""
         return {"format": FORMAT, "script": f"{script_name(self.args)}.py", "stage": self.stage,
-                "data_sha256": data_fingerprint(self.args.data), "flags": training_flags(self.args),
-                "code": self.code}
+                "data_sha256": data_fingerprint(self.args.data), "code": self.code,
+                "flags": flags_of(self.args, (*NOT_TRAINING, "data"))}
 
     def write(self, record: dict) -> None:
         """One record of metrics.jsonl, appended to this name's own file."""
-        interrupts.stop_if_signalled()
         if self.main:
-            with writing(str(self.log), self.kept):
-                with open(unshared(self.log), "a", opener=no_follow) as f:
-                    f.write(json.dumps(record) + "\n")
+            with writing(str(self.log), self.kept), open(unshared(self.log), "a", opener=no_follow) as f:
+                f.write(json.dumps(record) + "\n")
 
     def save_last(self, state: dict) -> None:
         """last/, the one commit point: `state` (train()'s checkpoint) with the log's length, the log
         synced first (a resume cuts the log back there), its SHA-256 beside it; swapped in whole."""
-        interrupts.stop_if_signalled()
         with writing(str(self.log), self.kept):
             sync_to_disk(self.log)
         state = {**state, "log_bytes": self.log.stat().st_size}
@@ -458,33 +393,40 @@ class RunFolder:
     def save_best(self, record: dict, saved: tuple) -> None:
         """best/: the encoder (and MLP) as a model folder (`saved`: encoder, tokenizer, pooler, mlp),
         with the flags and its dev figures, which carry the run's identity."""
-        interrupts.stop_if_signalled()
-        extra = {"args.json": dataclasses.asdict(self.args),
-                 "dev_metrics.json": {**record, "run": self.identity}}
+        extra = {"args.json": flags_of(self.args), "dev_metrics.json": {**record, "run": self.identity}}
         with writing(str(self.out / "best"), self.kept):
             save_pretrained_dir(self.out / "best", *saved, extra=extra)
 
     def drop_last(self) -> None:
-        """A finished run keeps best/ and its records; last/ (weights and AdamW's moments, about 3x
-        the model) only served to continue it."""
+        """A finished run keeps best/ and its records; last/ (weights and AdamW's moments, about 3x the
+        model) only served to continue it."""
         if self.main:
             shutil.rmtree(self.out / "last", ignore_errors=True)
 
     def load_last(self) -> dict | None:
-        """--resume: the checkpoint save_last() kept, or None for a run stopped before its first one
-        (its log emptied: training starts from step 0). Its checksum first, then data only
-        (weights_only), then the run's identity: anything else ends here in one line, the folder as
-        it was."""
+        """--resume: the checkpoint save_last() kept, or None for a run stopped before its first one (its
+        log emptied: training starts from step 0). Its checksum first, then data only (weights_only),
+        then the run's identity: anything else ends here in one line, the folder as it was."""
         last = self.out / "last" / "state.pt"
         if not last.exists():
             if self.main:
                 self.cut_log(0)
                 print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
             return None
-        self.check_sum(last)
-        try:
-            # onto the CPU: the RNG states must stay CPU byte tensors (set_rng_state refuses
-            # others), and load_state_dict copies weights and AdamW's moments to the model's device
+        recorded, whole = last.with_name(CHECKSUM), (
+            f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > {CHECKSUM}` in "
+            f"{last.parent}); else train the run again in another --output_dir.")
+        digest = _try(lambda: (recorded.read_bytes().split() or [b""])[0])
+        if digest is None:
+            raise UserError(f"{recorded} is missing, so {last} cannot be shown whole; both are left as they "
+                            f"are. {whole}")
+        if not re.fullmatch(rb"[0-9a-f]{64}", digest):
+            raise UserError(f"{recorded}: not a SHA-256 line (empty, or damaged), so {last} cannot be "
+                            f"checked against it; both are left as they are. {whole}")
+        if digest.decode() != sha256_file(last):       # damaged on the disk, or replaced: not unpickled
+            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {CHECKSUM}, written with it: "
+                                               f"damaged on the disk, or replaced"))
+        try:    # onto the CPU: RNG states stay CPU byte tensors; load_state_dict moves the rest
             state = torch.load(last, map_location="cpu", weights_only=True)
         except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
             raise UserError(self.damaged(last, e))
@@ -493,25 +435,6 @@ class RunFolder:
         if diffs := self.not_mine(state["run"]):
             raise UserError(self.damaged(last, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
         return state
-
-    def check_sum(self, last: Path) -> None:
-        """Bytes damaged on the disk (tensor data load without a word) or another file put in its
-        place, told before a byte of it is unpickled. This version writes a checksum beside every
-        checkpoint: one without is refused."""
-        recorded = last.with_name(CHECKSUM)
-        whole = (f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > "
-                 f"{CHECKSUM}` in {last.parent}); else train the run again in another --output_dir.")
-        try:
-            digest = (recorded.read_bytes().split() or [b""])[0]
-        except OSError:
-            raise UserError(f"{recorded} is missing, so {last} cannot be shown whole; both are left as they "
-                            f"are. {whole}")
-        if not re.fullmatch(rb"[0-9a-f]{64}", digest):
-            raise UserError(f"{recorded}: not a SHA-256 line (empty, or damaged), so {last} cannot be "
-                            f"checked against it; both are left as they are. {whole}")
-        if digest.decode() != sha256_file(last):
-            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {recorded.name}, written with "
-                                               f"it: damaged on the disk, or replaced"))
 
     def not_mine(self, then: Any) -> list[str]:
         """How an identity (a checkpoint's, best/'s) differs from this run's: [] when it is this run's."""
@@ -522,27 +445,24 @@ class RunFolder:
         if then.get("stage") != now["stage"]:
             diffs.append(f"the stage {then['stage']}" if then.get("stage") else "the run's own model")
         diffs += ["other data"] if then.get("data_sha256") != now["data_sha256"] else []
-        flags = then.get("flags") or {}
+        flags, code = then.get("flags") or {}, then.get("code") or {}
         diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
                   if flags.get(k) != v]
-        code = then.get("code") or {}
         return diffs + [f"{f} of other code" for f in now["code"] if code.get(f) != now["code"][f]]
 
     @contextlib.contextmanager
     def restoring(self):
-        """The block where train() puts last/'s state back into the model, AdamW, the schedule and
-        the RNGs: a state that does not fit them (another model's weights, an RNG state of another
-        kind) ends in one line; nothing in the folder has changed yet."""
+        """The block where train() puts last/'s state back: a state that does not fit the model, AdamW,
+        the schedule or the RNGs ends in one line; nothing in the folder has changed yet."""
         try:
             yield
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
             raise UserError(self.damaged(self.out / "last" / "state.pt", e)) from e
 
     def resumed(self, state: dict, saved: tuple) -> None:
-        """After train() put last/'s `state` back: best/ checked first (the model of an earlier step,
-        missing, damaged or another run's, is lost: one line; one that fell behind last/ is saved
-        again from the restored model, `saved`), then the log cut back to last/'s length, so it
-        reads as one run."""
+        """After train() put last/'s `state` back: best/ checked (the model of an earlier step, missing,
+        damaged or another run's, is lost: one line; one that fell behind last/ is saved again from
+        the restored model, `saved`), then the log cut back to last/'s length: it reads as one run."""
         step, best_step = state["step"], state["best_step"]
         problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
         if problem and best_step != step:
@@ -562,10 +482,9 @@ class RunFolder:
         folder = self.out / "best"
         if problem := model_folder_problem(folder):
             return problem
-        try:
-            saved = read_json_object(folder / "dev_metrics.json")
-        except ValueError as e:
-            return f"{folder / 'dev_metrics.json'} is missing or damaged ({e})"
+        saved = _try(lambda: read_json_object(folder / "dev_metrics.json"))
+        if saved is None:
+            return f"{folder / 'dev_metrics.json'} is missing or damaged"
         if saved.get("step") != best_step or saved.get("stsb_dev") != best:
             return f"it holds the model of step {saved.get('step')}, not of step {best_step}"
         if diffs := self.not_mine(saved.get("run")):
@@ -573,16 +492,15 @@ class RunFolder:
         return None
 
     def verified_best(self, best_step: int, best: float) -> Path:
-        """best/, once shown to be this run's model of step `best_step`: what the final report loads."""
+        """best/, shown to be this run's model of step `best_step`: what the final report loads."""
         if problem := self.best_problem(best_step, best):
             raise UserError(f"{self.out / 'best'}: {problem}. This run's best model is lost: train the run "
                             f"again in another --output_dir.")
         return self.out / "best"
 
     def cut_log(self, size: int) -> None:
-        """metrics.jsonl cut back to `size` bytes (its length when last/ was written: records of
-        steps trained again go), and a last line cut short dropped, so that the next record starts a
-        line of its own."""
+        """metrics.jsonl cut back to `size` bytes (its length when last/ was written: records of steps
+        trained again go), and a last line cut short dropped: the next record starts a line of its own."""
         if not os.path.lexists(self.log):
             return
         with writing(str(self.log), self.kept), open(unshared(self.log), "rb+", opener=no_follow) as f:
@@ -592,25 +510,20 @@ class RunFolder:
                       f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
             keep = min(size, now)
             while keep > 0:                    # back to the end of the last whole line
-                f.seek(max(0, keep - 4096))
-                tail = f.read(keep - max(0, keep - 4096))
+                f.seek(start := max(0, keep - 4096))
+                tail = f.read(keep - start)
+                keep = start + tail.rindex(b"\n") + 1 if b"\n" in tail else start
                 if b"\n" in tail:
-                    keep = max(0, keep - 4096) + tail.rindex(b"\n") + 1
                     break
-                keep = max(0, keep - 4096)
             os.ftruncate(f.fileno(), keep)
 
     def damaged(self, last: Path, e: Exception | str) -> str:
         """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
-        reason = e if isinstance(e, str) else str(e).strip().splitlines()[0][:160] if str(e).strip() \
-            else type(e).__name__
+        reason = e if isinstance(e, str) else (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         if "Weights only load failed" in str(e):
             reason = "it holds objects other than tensors and numbers, which loading would run as code"
-        try:
-            step = read_json_object(self.out / "best" / "dev_metrics.json")["step"]
-            good = f"{self.out / 'best'} (the model of step {step}) and "
-        except (ValueError, KeyError):
-            good = ""
+        step = _try(lambda: read_json_object(self.out / "best" / "dev_metrics.json")["step"])
+        good = f"{self.out / 'best'} (the model of step {step}) and " if step is not None else ""
         return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
                 f"{good}{self.log}. This run cannot continue from it: train it again in another "
                 f"--output_dir (or move {self.out} away first).")
@@ -623,8 +536,12 @@ class RunFolder:
                          f"lines.")
 
 
-def intact(step: int, last: Path) -> str:
-    return f"the last complete checkpoint, step {step}, is intact in {last}"
+def _try(read: Any) -> Any:
+    """read(), or None when what it reads is missing or not what it should be."""
+    try:
+        return read()
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 def kept_in(folder: Path, step: int | None = None) -> str:
@@ -638,7 +555,8 @@ def kept_in(folder: Path, step: int | None = None) -> str:
             step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
         except Exception:
             return f"{last.parent} is as it was"
-    kept = intact(step, last.parent) if step is not None else NO_CHECKPOINT
+    kept = f"the last complete checkpoint, step {step}, is intact in {last.parent}" if step is not None \
+        else NO_CHECKPOINT
     if not (folder.parent / "run.json").is_file():            # the run itself, not a stage of it
         return kept
     finished = [d.name for d in sorted(folder.parent.iterdir()) if (d / DONE).is_file()]
@@ -648,14 +566,14 @@ def kept_in(folder: Path, step: int | None = None) -> str:
 
 def current() -> RunFolder | None:
     """The run folder this command named (common.start), if any."""
-    return next(iter(_named.values()), None)
+    return next(iter(_held.values()), None)
 
 
 def release_run_folders() -> None:
     """Let go of the run folder this command held (run_main's end, a test's)."""
-    for run in _named.values():
+    for run in _held.values():
         run.release()
-    _named.clear()
+    _held.clear()
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -664,38 +582,28 @@ def write_json(path: Path, obj: Any) -> None:
         write_text_atomic(path, json.dumps(obj, indent=2))
 
 
-# -------------------------------------------------------------------------------------
-# Stages: a run that trains several models in one folder (rcl.py's entropy models)
-# -------------------------------------------------------------------------------------
-
 class Stage:
     """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its
-    own inside the held run folder, where train() keeps its log, last/ and best/ as for any run.
-    finish() completes it: end/ (the weights it ended with), then DONE.json (its summary and the
-    settings it was trained with), then last/ dropped. A complete stage is reused by --resume,
-    held to those settings; an unfinished one continues from its last/, or starts again."""
+    own in the run folder, where train() keeps its log, last/ and best/ as for any run. finish()
+    completes it: end/ (the weights it ended with), DONE.json (its summary and settings), last/
+    dropped. A complete stage is reused by --resume, held to those settings; an unfinished one
+    continues from its last/, or starts again."""
 
     def __init__(self, out: str | Path, name: str, settings: dict):
-        self.path = Path(out) / name
-        self.settings = settings
-
-    def kept(self) -> str:
-        return kept_in(self.path)
+        self.path, self.settings = Path(out) / name, settings
 
     def finished(self) -> dict | None:
-        """The summary of this stage completed earlier (its DONE.json), or None. Trained with other
+        """The summary of this stage completed earlier (DONE.json), or None; trained with other
         settings (the seed aside), it is refused rather than reused silently."""
-        done = self.path / DONE
-        if not done.is_file():
+        if not (self.path / DONE).is_file():
             return None
         again = f"Delete {self.path} to train this model again (the run's other parts are kept), or use " \
                 f"another --output_dir."
-        summary = read_record(done, again)
+        summary = read_record(self.path / DONE, again)
         for kept in ("end", "best"):        # the weights a finished stage hands on
             if (problem := model_folder_problem(self.path / kept)) and (self.path / kept).exists():
                 raise UserError(f"--resume: {problem}. {again}")
-        diff = [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]
-        if diff:
+        if diff := [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]:
             raise UserError(f"--resume: {self.path} was trained with a different "
                             f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
                             f"--output_dir, or delete {self.path} to train it again.")
@@ -704,24 +612,23 @@ class Stage:
         return summary
 
     def open(self) -> None:
-        """Before the stage trains: what a kill during a commit left, put back; a stage killed
-        before its first checkpoint, started again; its folder made. Every rank waits."""
+        """Before the stage trains: what a kill during a commit left, put back; a stage killed before
+        its first checkpoint, started again; its folder made. Every rank waits."""
         if world()[0] == 0:
             if self.path.exists():
                 for kept in ("best", "end"):
                     recover_dir(self.path / kept)
                 if not (recover_dir(self.path / "last") / "state.pt").exists():
                     shutil.rmtree(self.path)       # nothing of it to keep
-            with writing(str(self.path), self.kept):
+            with writing(str(self.path), lambda: kept_in(self.path)):
                 self.path.mkdir(parents=True, exist_ok=True)
         barrier()
 
     def finish(self, summary: dict, encoder, tokenizer, pooler: str) -> None:
         """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped
-        (weights and AdamW's moments, ~3x the model: only an unfinished stage resumes from it).
-        Every rank waits."""
+        (weights and AdamW's moments: only an unfinished stage resumes from it). Every rank waits."""
         if world()[0] == 0:
-            kept = self.kept()
+            kept = kept_in(self.path)
             with writing(str(self.path / "end"), kept):
                 save_pretrained_dir(self.path / "end", encoder, tokenizer, pooler)
             with writing(str(self.path / DONE), kept):

@@ -329,8 +329,10 @@ def test_rcl_a_full_disk_at_each_stage_ends_in_one_line_and_resume_finishes(tmp_
     with _tmpfs(tmp_path / "disk", small + L + EB // 2) as disk:
         out = disk / "run"
         entropy = out / "entropy_phi0.01"
-        stages = [(entropy / "best", entropy, small + L + EB + E // 2),
-                  (entropy / "end", entropy, small + L + EB + E + FB // 2),
+        # a model folder's save needs about twice its size for a moment: sentence-transformers' save()
+        # writes the weights again over the ones written first
+        stages = [(entropy / "best", entropy, small + L + 2 * EB + E // 2),
+                  (entropy / "end", entropy, small + L + EB + 2 * E + FB // 2),
                   (out / "best", out, 4 * (small + L + EB + E + FB))]
         resume = []
         for failed, folder, room in stages:
@@ -390,29 +392,6 @@ def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, arg
 # ------------------------------------------------------------------------------------
 # Signals mid-run: never dropped, one line each, a commit never half done
 # ------------------------------------------------------------------------------------
-
-# at the hold: SIGTERM while Python runs a __del__ (a garbage collector's callback, say), where
-# Python drops an exception with a warning: the handler's stop must still end the run
-TERM_IN_A_DEL = """
-import os, signal, time
-class Dropped:
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.5)                 # the handler runs here, inside __del__
-Dropped()
-"""
-
-
-def test_a_sigterm_raised_inside_a_del_still_stops_the_run(tmp_path, argv):
-    out = tmp_path / "run"
-    with Held(tmp_path / "held", "simcse.py", argv(out), at_hold=TERM_IN_A_DEL) as run:
-        r = run.end()
-    line = _stop_line(r, 143)
-    assert line.startswith("terminated (SIGTERM). What was already written") and "--resume" in line, line
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert max(steps) <= 3, steps                  # it stopped at the next write, not at the end
-    _finished(_script("simcse.py", argv(out, "--resume")), out, 4)
-
 
 def _stop_line(r: subprocess.CompletedProcess, code: int) -> str:
     """The one line a run stopped by a signal ended with, exit status `code`: no traceback, no
