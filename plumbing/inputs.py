@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from plumbing.atomic_writes import no_follow
+from plumbing.atomic_writes import no_follow, write_atomic
 from plumbing.errors import UserError, writing
 
 
@@ -134,9 +134,8 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
 
 
 def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(ids, lengths, pad_id) kept in `cache` by an earlier tokenisation, or None. A file that is
-    not whole and this key's (cut short, pickled arrays, another cache renamed, a link) is only a
-    cache: said in a note, tokenised again and replaced."""
+    """(ids, lengths, pad_id) kept in `cache`, or None. One not whole and this key's (cut short,
+    pickled arrays, another cache renamed, a link): a note, and it is tokenised again."""
     if cache is None or not os.path.lexists(cache):
         return None
     try:
@@ -155,37 +154,27 @@ def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None
 
 
 def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id: int) -> None:
-    """Keep a tokenisation in `cache`, with its key, through a temporary name of this process's own
-    (under torchrun every rank tokenises and writes) renamed into place; a failed write leaves no
-    temporary file, and one that a killed process left is removed."""
+    """Keep a tokenisation in `cache`, with its key, through write_atomic (a temporary name of this
+    process's own: every rank writes); what a killed process left there, as large, is removed."""
     if cache is None:
         return
     with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        for left in cache.parent.glob(".tok-*.tmp.npz"):
-            if not _alive(left.name.split(".")[-3]):     # .tok-KEY.PID.tmp.npz
+        for left in cache.parent.glob(".tok-*.npz.*.tmp"):
+            if not _alive(left.name.split(".")[-2]):     # .tok-KEY.npz.PID.tmp
                 left.unlink(missing_ok=True)
-        tmp = cache.with_name(f".{cache.stem}.{os.getpid()}.tmp.npz")
-        tmp.unlink(missing_ok=True)
-        try:
-            with open(tmp, "xb", opener=no_follow) as f:
-                np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem)
-            os.replace(tmp, cache)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem))
 
 
 def _alive(pid: str) -> bool:
     """Whether process `pid` (a temporary file's) still runs; unknown (not POSIX): yes."""
-    if os.name != "posix" or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    if os.name == "posix" and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except OSError:                 # another user's: it runs
+            pass
     return True
 
 

@@ -101,17 +101,27 @@ def test_a_cache_that_is_not_whole_and_its_own_is_tokenised_again(tiny_bert, tex
     assert np.array_equal(common.tokenize(tok, texts, 16, cache_dir).ids, again.ids)   # read back whole
 
 
-def test_what_a_killed_process_left_is_removed_at_the_next_write(tiny_bert, texts, tmp_path):
-    """A full-size temporary file, left by a kill -9 inside the cache's write (its process is gone);
-    one of a live process (another rank writing) stays."""
+def test_what_a_killed_process_left_is_removed_at_the_next_write(tiny_bert, texts, tmp_path, monkeypatch):
+    """The cache is written through atomic_writes.write_atomic, whose temporary file is named by
+    its process (.tok-KEY.npz.PID.tmp): a full-size one left by a kill -9 inside the write (its
+    process is gone) is removed at the next write; one of a live process (another rank writing)
+    stays; a write that completes leaves none."""
     from transformers import AutoTokenizer
+
+    from plumbing import inputs
     tok, cache_dir = AutoTokenizer.from_pretrained(str(tiny_bert)), tmp_path / "cache"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     cache_dir.mkdir()
-    left = cache_dir / f".tok-{'0' * 32}.{gone}.tmp.npz"
-    alive = cache_dir / f".tok-{'1' * 32}.{os.getpid()}.tmp.npz"
+    left = cache_dir / f".tok-{'0' * 32}.npz.{gone}.tmp"
+    alive = cache_dir / f".tok-{'1' * 32}.npz.{os.getpid()}.tmp"
     for p in (left, alive):
         p.write_bytes(b"\0" * 4096)
+    written, write_atomic = [], inputs.write_atomic
+    monkeypatch.setattr(inputs, "write_atomic", lambda path, write: (written.append(path),
+                                                                     write_atomic(path, write)))
     common.tokenize(tok, texts, 16, cache_dir)
     assert not left.exists() and alive.exists()
+    assert written == list(cache_dir.glob("tok-*.npz")) and len(written) == 1
+    assert sorted(p.name for p in cache_dir.glob(".*")) == [alive.name]
+
