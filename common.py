@@ -250,19 +250,18 @@ Encode = Callable[[list[str], Callable[[int], Any]], np.ndarray]
 def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
     """(tokenizer, encoder) of a hub name or a folder: SDPA attention, fp32 (bf16 comes from
     autocast on a GPU); `dropout` overrides hidden and attention dropout. A hub name that is
-    cached while the hub cannot be reached is read from the cache alone (inputs.where_from)."""
+    cached while the hub cannot be reached is read from the cache alone (inputs.hub_offline)."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # the run's own progress bar is the one that matters
-    where = inputs.where_from(name, flag)      # one line within seconds if it is nowhere to be had
-    config = inputs.encoder_config(name, flag)
+    config = inputs.encoder_config(name, flag)  # one line within seconds if it is nowhere to be had
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
         if dropout is not None and hasattr(config, k):
             setattr(config, k, dropout)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True, **where)
+        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
         encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
-                                            dtype=torch.float32, **where)
+                                            dtype=torch.float32)
     except OSError as e:
         raise inputs.not_loaded(flag, name, e)
     if not getattr(tokenizer, "is_fast", False):

@@ -7,6 +7,7 @@ the STS folder's layout."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import difflib
 import functools
@@ -14,10 +15,8 @@ import hashlib
 import io
 import json
 import os
-import socket
 import sys
 import tempfile
-import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -198,65 +197,32 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
 # Where a model comes from: a folder here, or a hub name in the local cache or on the hub
 # -------------------------------------------------------------------------------------
 
-HUB_WAIT_S = 3.0    # how long the hub may take to answer before it counts as unreachable
+HUB_WAIT_S = 3.0    # how long the hub may take to answer before this process goes offline
+MODEL = "the folder of a saved model (config.json, its weights and tokenizer), or a hub name"
 
 
-def hub_problem() -> str | None:
-    """Why the Hugging Face hub is not asked, in a few words, or None when it answers: offline
-    mode (HF_HUB_OFFLINE=1), or no answer within HUB_WAIT_S to one request to its address (HF_ENDPOINT,
-    else https://huggingface.co). Without this, transformers retries each file for about 25 s."""
+@functools.cache
+def hub_offline() -> str | None:
+    """Why this process does not ask the Hugging Face hub (HF_HUB_OFFLINE=1, or one request to
+    HF_ENDPOINT failed within HUB_WAIT_S: then the libraries' offline mode is switched on, and they
+    read their cache at once), or None. Without it, transformers retries each file a model lacks in
+    the cache for 23 s (measured: an uncached name refused after 23 s, a cached model loaded in 120)."""
     from huggingface_hub import constants
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE=1 is set"
-    return _ask_hub(constants.ENDPOINT)
-
-
-@functools.lru_cache(maxsize=4)
-def _ask_hub(endpoint: str) -> str | None:
-    """hub_problem's request, once a process: through the hub library's own client (its proxy
-    settings and certificates), any answer at all counting as reachable."""
     from huggingface_hub.utils import get_session
-    host = urllib.parse.urlsplit(endpoint).netloc or endpoint
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1 keeps the hub from being asked"
     try:
-        get_session().head(endpoint, timeout=HUB_WAIT_S)
-    except Exception as e:          # the client's own errors (httpx's or requests'), raised from an OSError
-        return _network_words(e, host)
+        get_session().head(constants.ENDPOINT, timeout=HUB_WAIT_S)
+    except Exception as e:          # the client's own errors (httpx's), raised from an OSError
+        constants.HF_HUB_OFFLINE = True
+        return f"the hub cannot be reached ({constants.ENDPOINT}: {str(e)[:100] or type(e).__name__})"
     return None
 
 
-def _network_words(e: BaseException, host: str) -> str:
-    """What a failed connection to `host` says, in a few words: the OSError beneath the client's error."""
-    chain = []
-    while e is not None and e not in chain and len(chain) < 10:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for x in chain:
-        if isinstance(x, socket.gaierror):
-            return f"{host} does not resolve: no network, or no DNS"
-        if isinstance(x, ConnectionRefusedError):
-            return f"{host} refused the connection"
-        if isinstance(x, TimeoutError) or "Timeout" in type(x).__name__:
-            return f"{host} did not answer within {HUB_WAIT_S:g} s"
-    told = next((x.strerror for x in chain if isinstance(x, OSError) and x.strerror), None)
-    return f"{host}: {told or str(chain[0]).splitlines()[0][:100] or type(chain[0]).__name__}"
-
-
 def _cached(name: str) -> bool:
-    """Whether hub model `name` is in the local Hugging Face cache (its config.json, as loading
-    it last left it)."""
+    """Whether hub model `name` is in the local Hugging Face cache (its config.json)."""
     from huggingface_hub import try_to_load_from_cache
     return isinstance(try_to_load_from_cache(name, "config.json"), str)
-
-
-def _cached_like(name: str) -> list[str]:
-    """The models in the local Hugging Face cache whose names look like `name` (a typo's likely aim)."""
-    from huggingface_hub import constants
-    try:
-        names = [d.name[len("models--"):].replace("--", "/") for d in Path(constants.HF_HUB_CACHE).iterdir()
-                 if d.name.startswith("models--")]
-    except OSError:
-        return []
-    return difflib.get_close_matches(name, names, n=2, cutoff=0.75)
 
 
 def _folders_like(path: Path) -> str:
@@ -278,66 +244,47 @@ def _folders_like(path: Path) -> str:
 def _is_hub_name(name: str) -> bool:
     """Whether `name` can be a hub name (owner/model or model), not only a path (./x, /x, a/b/c, x/)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
+    with contextlib.suppress(HFValidationError):
+        return validate_repo_id(name) is None
+    return False
 
 
-def where_from(name: str, flag: str = "--model", instead: str = "") -> dict[str, bool]:
-    """Where `name` loads from, as from_pretrained keywords; every path that loads a model by name
-    asks this first, before anything is written. A folder here: {} (read where it is). A hub name
-    with the hub answering: {} (transformers fetches it, or checks its cache). A hub name in the
-    local Hugging Face cache with the hub unreachable or offline: {"local_files_only": True}, read
-    from the cache with no network retries. Else a UserError within HUB_WAIT_S, one line: a path
-    that is no folder (with the names beside it), or a hub name neither cached nor reachable (why,
-    and what to do); `instead` ends it with one more way out."""
+def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | None:
+    """Why model `name` cannot be had (no folder here, no hub name in the local cache or on a hub
+    that answers), in one line that says what to do, or None; `instead`: one more way out."""
     path = Path(name)
     if path.is_dir():
-        return {}
-    if path.exists():
-        raise UserError(f"{flag} {name}: is a file; pass the folder of a saved model (config.json, its "
-                        f"weights and tokenizer), or a hub name.{instead}")
-    # a path typed by hand (./x, ../x, /x, x/, a/b/c) cannot be a hub name: a folder that is not there
-    if not _is_hub_name(name):
-        raise UserError(f"{flag} {name}: no such folder{_folders_like(path)}. Pass the folder of a saved "
-                        f"model (config.json, its weights and tokenizer), or a hub name.{instead}")
-    why = hub_problem()
-    if why is None:
-        return {}
-    if _cached(name):
-        return {"local_files_only": True}
-    # models/x with models/ here: a folder mistyped, more likely than a hub name
-    beside = path.parent != Path(".") and path.parent.is_dir()
-    like = _cached_like(name)
-    nowhere = (f"{flag} {name}: neither a folder here{_folders_like(path) if beside else ''} nor in the "
-               f"local Hugging Face cache" + (f" (which holds {' and '.join(like)})" if like else ""))
-    hub = "HF_HUB_OFFLINE=1 keeps the hub from being asked" if why.startswith("HF_HUB_OFFLINE") else \
-        f"the hub cannot be reached ({why})"
-    local = f"models/{path.name}"
-    fetch = f"made where the hub is reachable: `hf download {name} --local-dir {local}`, then {flag} {local}"
-    if beside:
-        todo = "Pass the folder of a saved model (config.json, its weights and tokenizer), or a hub name."
-    elif why.startswith("HF_HUB_OFFLINE"):
-        todo = f"Unset HF_HUB_OFFLINE to download it, or pass a local folder {fetch}."
-    else:
-        todo = (f"Connect, or pass a local folder {fetch}. With HF_HUB_OFFLINE=1 every hub lookup uses the "
-                f"cache at once.")
-    raise UserError(f"{nowhere}, and {hub}. {todo}{instead}")
+        return None
+    if path.exists() or not _is_hub_name(name):     # a file; ./x, ../x, /x, x/, a/b/c: only a folder
+        what = "is a file" if path.exists() else f"no such folder{_folders_like(path)}"
+        return f"{flag} {name}: {what}. Pass {MODEL}.{instead}"
+    if (why := hub_offline()) is None or _cached(name):
+        return None
+    near = _folders_like(path) if path.parent.is_dir() and path.parent != Path(".") else ""  # models/x typo
+    local, offline = f"models/{path.name}", why.startswith("HF_HUB_OFFLINE")
+    return (f"{flag} {name}: neither a folder here{near} nor in the local Hugging Face cache, and {why}. "
+            f"{'Unset HF_HUB_OFFLINE' if offline else 'Connect'} to download it, or pass a local folder made "
+            f"where the hub is reachable: `hf download {name} --local-dir {local}`, then {flag} {local}."
+            f"{'' if offline else ' With HF_HUB_OFFLINE=1 the hub is not asked.'}{instead}")
 
 
-def not_loaded(flag: str, name: str, e: Exception) -> UserError:
+def where_from(name: str, flag: str = "--model", instead: str = "") -> None:
+    """Asked first by every path that loads a model by name: model_missing as a UserError."""
+    if why := model_missing(name, flag, instead):
+        raise UserError(why)
+
+
+def not_loaded(flag: str, name: str, e: BaseException) -> UserError:
     return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
                      f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
 
 
 def encoder_config(name: str, flag: str = "--model"):
-    """The config of a hub name or a local folder, no weights loaded (where_from checked first)."""
+    """The config of a hub name or a local folder, no weights loaded (where_from asked first)."""
     from transformers import AutoConfig
-    where = where_from(name, flag)
+    where_from(name, flag)
     try:
-        return AutoConfig.from_pretrained(name, **where)
+        return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise not_loaded(flag, name, e)
 

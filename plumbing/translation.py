@@ -112,9 +112,9 @@ def check_mt_model(name: str) -> None:
     loaded by the rank that translates)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
-    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
+    inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        config = AutoConfig.from_pretrained(name, **where)
+        config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise mt_model_error(name, e)
     if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -126,11 +126,11 @@ def load_mt_model(name: str, device: torch.device):
     """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
     NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
+    inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        tok = AutoTokenizer.from_pretrained(name, **where)
+        tok = AutoTokenizer.from_pretrained(name)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype, **where).to(device).eval()
+        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
     except (OSError, ValueError) as e:
         raise mt_model_error(name, e)
     return tok, model
