@@ -262,7 +262,7 @@ def load_encoder(name: str, dropout: float | None = None, flag: str = "--model")
         tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
         encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
                                             dtype=torch.float32)
-    except OSError as e:
+    except (OSError, RecursionError) as e:      # RecursionError: a JSON file nested too deeply
         raise inputs.not_loaded(flag, name, e)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "

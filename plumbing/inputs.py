@@ -91,18 +91,22 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
                         f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
 
 
-def read_json_object(path: str | Path) -> dict:
-    """The JSON object in `path` (a run's record, a model's config), or a ValueError that says in a
-    few words why it is none: unreadable, not JSON, nested too deeply to read, not an object."""
+def read_json(path: str | Path):
+    """The JSON in `path`, or a ValueError that says in a few words why there is none: unreadable,
+    not JSON, nested too deeply to read."""
     try:
-        obj = json.loads(Path(path).read_bytes())
+        return json.loads(Path(path).read_bytes())
     except OSError as e:
         raise ValueError(e.strerror or str(e)) from None
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
     except ValueError as e:             # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(str(e).splitlines()[0][:100] if str(e) else type(e).__name__) from None
-    if not isinstance(obj, dict):
+
+
+def read_json_object(path: str | Path) -> dict:
+    """read_json of a file that must hold an object (a run's record, a model's config)."""
+    if not isinstance(obj := read_json(path), dict):
         raise ValueError("not a JSON object")
     return obj
 
@@ -285,24 +289,28 @@ def encoder_config(name: str, flag: str = "--model"):
     where_from(name, flag)
     try:
         return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
         raise not_loaded(flag, name, e)
 
 
 def model_folder_problem(folder: Path) -> str | None:
     """What is wrong with the files of a saved model folder (--model, a run's best/ or end/), or
-    None: a .json that does not parse, weights cut short or damaged, weights that are not data (a
-    pickle carrying objects other than tensors), no weights. Read without loading the tensors."""
+    None: a .json that does not parse (or nests too deeply to), weights cut short or damaged,
+    weights that are not data (a pickle carrying objects other than tensors), no weights. Read
+    without loading the tensors."""
     if not folder.is_dir():
         return f"{folder} is missing"
     for p in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
         try:
-            json.loads(p.read_bytes())
-        except (OSError, ValueError) as e:        # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            return f"{p} is cut short or damaged (not JSON: {str(e).splitlines()[0][:80]})"
+            read_json(p)
+        except ValueError as e:
+            return f"{p} is cut short or damaged (not JSON: {str(e)[:80]})"
     index = folder / "model.safetensors.index.json"
-    shards = sorted({folder / f for f in json.loads(index.read_bytes()).get("weight_map", {}).values()}) \
-        if index.is_file() else [folder / "model.safetensors"]
+    try:
+        shards = sorted({folder / f for f in read_json_object(index)["weight_map"].values()}) \
+            if index.is_file() else [folder / "model.safetensors"]
+    except (ValueError, TypeError, AttributeError, KeyError) as e:     # no object, no weight_map of names
+        return f"{index} is not an index of weights ({type(e).__name__}: {str(e)[:80]})"
     if all(p.is_file() for p in shards):
         from safetensors import safe_open
         for p in shards:
@@ -312,15 +320,14 @@ def model_folder_problem(folder: Path) -> str | None:
             except Exception as e:                 # SafetensorError, a bare Exception
                 return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
         return None
-    if (folder / "pytorch_model.bin").is_file():
+    if (weights := folder / "pytorch_model.bin").is_file():
         import torch
         try:
-            torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+            torch.load(weights, map_location="cpu", mmap=True, weights_only=True)
         except Exception as e:                     # UnpicklingError, RuntimeError (a cut zip), EOFError
             if "Weights only load failed" in str(e):
-                return (f"{folder / 'pytorch_model.bin'} holds objects other than tensors, which loading "
-                        f"would run as code")
-            return f"{folder / 'pytorch_model.bin'} is cut short or damaged ({str(e).splitlines()[0][:120]})"
+                return f"{weights} holds objects other than tensors, which loading would run as code"
+            return f"{weights} is cut short or damaged ({str(e).splitlines()[0][:120]})"
         return None
     return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
 

@@ -115,7 +115,7 @@ def check_mt_model(name: str) -> None:
     inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
         config = AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
         raise mt_model_error(name, e)
     if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         raise mt_model_error(name, ValueError(f"its model type '{config.model_type}' is not a "
@@ -131,7 +131,7 @@ def load_mt_model(name: str, device: torch.device):
         tok = AutoTokenizer.from_pretrained(name)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise mt_model_error(name, e)
     return tok, model
 
@@ -200,7 +200,10 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
            "max_source_len": args.max_source_len}
     done = 0
     if part.exists():
-        old = json.loads(meta.read_text()) if meta.exists() else None
+        try:
+            old = inputs.read_json_object(meta)
+        except ValueError as e:                          # missing, damaged, nested too deeply
+            old = f"nothing readable ({e})"
         if old != key:
             raise UserError(f"{part} is an unfinished translation of other input or settings "
                             f"({meta} says {old}). Delete both files to start afresh, or rerun "

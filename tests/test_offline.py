@@ -3,7 +3,8 @@ first. A folder passes; a path that is no folder is named with the folders besid
 that is not in the local Hugging Face cache, with the hub unreachable or HF_HUB_OFFLINE=1, is
 refused in one line within seconds (why, and what to do), before anything is written; a cached
 one loads from the cache with no network retries (one failed request switches the libraries'
-offline mode on for the process).
+offline mode on for the process). A model folder whose JSON nests too deeply to read is named in
+one line too.
 
 The hub is made unreachable without the network: HF_ENDPOINT (or, in this process,
 huggingface_hub's constants) points at a port of 127.0.0.1 that nobody listens on, and the
@@ -252,6 +253,49 @@ def test_conisi_checks_its_files_before_its_model(tmp_path, tiny_bert, small_sts
     argv = base_flags("conisi", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
     line = one_error_line(conisi.main, argv + ["--data", tmp_path / "missing", "--model", NOBODY], capsys)
     assert line.startswith(f"error: --data {tmp_path / 'missing'}: ")
+
+
+# -------------------------------------------------------------------------------------
+# A model folder whose JSON nests too deeply to read (Python's parser: RecursionError)
+# -------------------------------------------------------------------------------------
+
+def too_deep(folder: Path, name: str, dest: Path) -> Path:
+    """A copy of model `folder` whose file `name` is 100,000 nested lists: valid JSON no parser
+    of Python reads."""
+    shutil.copytree(folder, dest)
+    (dest / name).write_text("[" * 100_000 + "]" * 100_000)
+    return dest
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_model_whose_json_nests_too_deeply_is_named_in_one_line(name, tmp_path, tiny_bert, tiny_mt,
+                                                                  small_sts, corpus, parallel, tiny_mbert,
+                                                                  capsys):
+    deep = too_deep(tiny_bert, name, tmp_path / "deep")
+    # a script checks a local folder's files before anything is written
+    argv = base_flags("simcse", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
+    line = one_error_line(simcse.main, argv + ["--model", deep], capsys)
+    assert line == f"error: --model {deep}: {deep / name} is cut short or damaged (not JSON: nested too " \
+        f"deeply to read). Save or download the model again, or give another folder.", line
+    assert not (tmp_path / "run").exists()
+    # where transformers reads it: the encoder of tools/eval.py, the MT model of a translation
+    line = one_error_line(eval_tool.main, ["--model", deep, "--sts_dir", small_sts], capsys)
+    assert line.startswith(f"error: --model {deep}: could not load it (maximum recursion depth "), line
+    mt = too_deep(tiny_mt, name, tmp_path / "deep_mt")
+    line = one_error_line(translate.main, ["--data", parallel / "en.txt", "--mt_model", mt,
+                                           "--out", tmp_path / "de.txt"], capsys)
+    assert line.startswith(f"error: --mt_model {mt}: could not load it as a seq2seq model (maximum "
+                           f"recursion depth exceeded"), line
+    assert not list(tmp_path.glob("de.txt*"))
+
+
+def test_a_weights_index_that_is_no_index_is_named(tmp_path, tiny_bert):
+    """model.safetensors.index.json is JSON, but no object of shards: named, not a traceback."""
+    folder = shutil.copytree(tiny_bert, tmp_path / "m")
+    for text in ("[]", "{}", '{"weight_map": [1]}'):
+        (folder / "model.safetensors.index.json").write_text(text)
+        assert inputs.model_folder_problem(folder).startswith(
+            f"{folder / 'model.safetensors.index.json'} is not an index of weights ("), text
 
 
 # -------------------------------------------------------------------------------------
