@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 import zipfile
@@ -36,8 +37,8 @@ def read_once(read: Callable) -> Callable:
 
     @functools.wraps(read)
     def wrapped(path: str | Path, flag: str = "--data"):
-        stat = Path(path).stat() if Path(path).is_file() else None
-        return cached(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size))
+        st = Path(path).stat() if Path(path).is_file() else None
+        return cached(str(path), flag, st and (st.st_mtime_ns, st.st_size))
     return wrapped
 
 
@@ -195,6 +196,18 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
                         f"--data {data}). Lower --batch_size to at most {n} or give more data.")
     if batch_size % world_size:
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
+def describe_entry(path: str | Path) -> str | None:
+    """What an entry is when it is no file or folder, for the refusal of an entry a program writes or
+    trusts (nothing is written through a link); None for a file, a folder or nothing."""
+    if not os.path.lexists(path):
+        return None
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
+        "not a file or a folder (a pipe, a device or a socket)"
+
+
 
 
 # -------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -183,8 +182,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     for own in (part, meta):        # files of this translation's own: nothing is written through a link
-        if os.path.lexists(own) and not stat.S_ISREG(os.lstat(own).st_mode):
-            what = f"a symbolic link (to {os.readlink(own)})" if own.is_symlink() else "not a regular file"
+        if what := inputs.describe_entry(own) or (own.is_dir() and "a folder"):
             raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
                             f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
