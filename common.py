@@ -679,16 +679,18 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 # Start-up: every flag and file checked before anything is written
 # =====================================================================================
 
-def start(args: TrainArgs) -> torch.device:
+def start(args: TrainArgs, models: dict[str, tuple[str, str]] | None = None) -> torch.device:
     """Before a script loads a model: torchrun's process group; every flag, then every file checked
-    before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (args.json, run.json), and
-    named on stderr."""
+    before anything is written (the default data downloaded on first use; offline, whatever cannot
+    be had named at once: the data, --model and a script's own `models`, {flag: (name, one more way
+    out)}); the flags that depend on the data settled; the seed; the run folder, held, with its
+    record (args.json, run.json), and named on stderr."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     run_folder.resuming = Path(args.output_dir) if args.resume else None   # a stop now leaves it as it was
-    if world()[0] == 0:                             # the default data, into data/ on first use
-        downloads.on_first_use(args.data, args.sts_dir, check_sts)
+    if world()[0] == 0:     # the default data into data/ on first use, else what is missing named at once
+        downloads.missing_pieces(args.data, args.sts_dir, check_sts,
+                                 {"--model": (args.model, ""), **(models or {})})
     barrier()
     # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
     rows = data_rows(args.data)

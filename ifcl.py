@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     # x^-, the German sentences: their file checked now, before anything loads or is written
     german = None if args.no_fraternal else translation.fraternal_file(args)
-    device = common.start(args)                 # torchrun, flags checked, seed, output folder
+    device = common.start(args, german.models if german else None)  # torchrun, all checked, run folder
     columns = common.load_columns(args.data)    # {"text": [...]}
     if german is not None:                      # rank 0 makes the file on the first run; the encoders wait
         columns["frat"] = german.sentences(len(columns["text"]), device)

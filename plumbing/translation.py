@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +106,10 @@ def mt_model_error(name: str, e: Exception) -> UserError:
 
 
 def check_mt_model(name: str) -> None:
-    """Before anything is written: the model can be had (a folder, the cache or the hub: where_from)
-    and its config loads and is a seq2seq one (the weights, possibly a download of a gigabyte, are
-    loaded by the rank that translates)."""
+    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
+    possibly a download of a gigabyte, are loaded by the rank that translates)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
-    inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
@@ -324,12 +322,14 @@ def translate_command(data: str, out: str | None = None, mt_model: str = "t5-bas
 @dataclass
 class FraternalFile:
     """--fraternal_data of an IFCL run: a file of the user's, or the German file this run makes
-    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`."""
+    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`; `models`:
+    those it loads ({flag: (name, one more way out)}), for common.start to find with the rest."""
     path: Path
     data: str
     mt_model: str
     made_here: bool
     to_make: bool
+    models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
         """After common.start (the flags and --data checked, the run folder held): on the first run
@@ -356,21 +356,19 @@ class FraternalFile:
 
 
 def fraternal_file(args: Any) -> FraternalFile:
-    """ifcl.py's one call for its German side, before common.start, so before any model loads or
-    anything is written. --data is checked first (unless it is a default file common.start
-    downloads): a missing one is named as --data. --fraternal_data left out becomes the file made
-    from --data (default_fraternal_path; args.json records it). A file of the user's must exist
-    and be parallel to --data; one that this run is to make needs a loadable --mt_model, and rank 0
-    removes an earlier launch's failure marker before the ranks meet in common.start. Last, the
-    --fraternal_model that the run loads after the translation is one that can be had (a folder,
-    the cache, the hub: inputs.where_from), said within seconds rather than after hours."""
+    """ifcl.py's one call for its German side, before common.start: --data first (unless a default
+    that start fetches); --fraternal_data left out becomes the file made from --data (args.json
+    records it); a file of the user's exists and is parallel to --data; one to make needs a seq2seq
+    --mt_model, and rank 0 removes an earlier launch's failure marker before the ranks meet. Whether
+    the models can be had at all, start says (german.models) with all else missing, in seconds."""
     if not downloads.fetched_on_first_use(args.data):
         read_sentences(args.data, "--data")       # a missing or unreadable --data, named as such
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     if not args.fraternal_data:                   # made from --data on the first run, then reused
         args.fraternal_data = str(made)
     german = FraternalFile(Path(args.fraternal_data), args.data, args.mt_model,
-                           made_here=args.fraternal_data == str(made), to_make=False)
+                           made_here=args.fraternal_data == str(made), to_make=False,
+                           models={"--fraternal_model": (args.fraternal_model, "")})
     if german.path.is_file():
         if Path(args.data).is_file():             # parallel to --data, line by line
             german.read(len(read_sentences(args.data, "--data")))
@@ -378,10 +376,11 @@ def fraternal_file(args: Any) -> FraternalFile:
         raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
                         f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
-    else:
-        check_mt_model(args.mt_model)             # the first run: the file will be made
+    else:                                         # the first run: the file will be made
         german.to_make = True
-    inputs.where_from(args.fraternal_model, "--fraternal_model")
+        german.models["--mt_model"] = (args.mt_model, ELSEWHERE)
+        if inputs.model_missing(args.mt_model) is None:
+            check_mt_model(args.mt_model)
     inputs.check_model_folder(args.fraternal_model, "--fraternal_model")
     if german.to_make and int(os.environ.get("RANK", "0")) == 0:   # before the ranks meet
         failure_marker(german.path).unlink(missing_ok=True)        # an earlier launch's failure

@@ -17,7 +17,7 @@ import pytest
 import common
 from common import UserError
 from conftest import ROOT
-from plumbing import downloads
+from plumbing import downloads, inputs
 from tools import download
 
 
@@ -176,3 +176,53 @@ def test_a_failed_download_says_what_to_check_not_to_run_it_again(tmp_path, caps
     assert "the next try fetches it from the start" in err
     assert "download` again" not in err and "python common.py" not in err
     assert not (tmp_path / "d").exists()
+
+
+# -------------------------------------------------------------------------------------
+# A run's first use fetches what the defaults name; what cannot be had is named with the rest
+# -------------------------------------------------------------------------------------
+
+def test_a_run_fetches_what_its_defaults_name_on_first_use(tmp_path, full_sts, monkeypatch, capsys):
+    """missing_pieces with the hub answering: the STS data and the NLI file the defaults name are
+    fetched into data/ (once: the next run finds them); a model that can be had passes."""
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / downloads.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n")
+    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts)
+    data = tmp_path / "clone" / "data"
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    monkeypatch.setattr(inputs, "hub_offline", lambda: None)
+    with _Server(srv_root) as srv:
+        monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
+        for _ in range(2):
+            downloads.missing_pieces(data / downloads.NLI, data / "sts", common.check_sts, {})
+        assert srv.counts == {f"/{downloads.SENTEVAL}": 1, f"/{downloads.NLI}": 1}
+    common.check_sts(data / "sts")
+    assert (data / downloads.NLI).read_text() == "sent0,sent1,hard_neg\na,b,c\n"
+    assert sorted(p.name for p in data.iterdir()) == [downloads.NLI, "sts"]
+
+
+def test_a_download_that_fails_is_named_with_the_rest(tmp_path, tiny_bert, monkeypatch):
+    """The hub answers but the file cannot be had: named as a piece, with what the download said
+    and where to place the file by hand, beside every other piece; nothing is left behind."""
+    data = tmp_path / "clone" / "data"
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    monkeypatch.setattr(inputs, "hub_offline", lambda: None)
+    with _Server(tmp_path) as srv:                   # serves no such file
+        monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
+        with pytest.raises(UserError) as e:
+            downloads.missing_pieces(data / downloads.WIKI1M, data / "sts", common.check_sts,
+                                     {"--model": (str(tmp_path / "typo"), "")})
+    msg = str(e.value)
+    assert msg.startswith(f"3 things this run needs cannot be had here: (1) --model {tmp_path / 'typo'}: "
+                          f"no such folder"), msg
+    assert f"(2) --sts_dir {data / 'sts'}: not there, and its download failed (could not download " \
+        f"{srv.url}/{downloads.SENTEVAL}: HTTP Error 404" in msg
+    assert f"(3) --data {data / downloads.WIKI1M}: not there, and its download failed (could not " \
+        f"download {srv.url}/{downloads.WIKI1M}: HTTP Error 404" in msg
+    assert msg.endswith("Run `python tools/download.py --what wiki1m` where the network reaches "
+                        "huggingface.co, or put the file there.")
+    assert not (tmp_path / "clone").exists()
+    # a path of the user's that is not there is a typo, named alone by the checks that follow
+    downloads.missing_pieces(tmp_path / "mine.txt", data / "sts", common.check_sts,
+                             {"--model": (str(tmp_path / "typo"), "")})

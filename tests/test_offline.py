@@ -3,8 +3,9 @@ first. A folder passes; a path that is no folder is named with the folders besid
 that is not in the local Hugging Face cache, with the hub unreachable or HF_HUB_OFFLINE=1, is
 refused in one line within seconds (why, and what to do), before anything is written; a cached
 one loads from the cache with no network retries (one failed request switches the libraries'
-offline mode on for the process). A model folder whose JSON nests too deeply to read is named in
-one line too.
+offline mode on for the process). Offline, a run names every piece it cannot have at once: the
+data its defaults name and every model. A model folder whose JSON nests too deeply to read is
+named in one line too.
 
 The hub is made unreachable without the network: HF_ENDPOINT (or, in this process,
 huggingface_hub's constants) points at a port of 127.0.0.1 that nobody listens on, and the
@@ -34,7 +35,7 @@ import rcl
 import simcse
 from common import UserError
 from conftest import ENV, ROOT
-from plumbing import inputs
+from plumbing import downloads, inputs
 from tools import bench, compare, translate
 from tools import eval as eval_tool
 
@@ -253,6 +254,43 @@ def test_conisi_checks_its_files_before_its_model(tmp_path, tiny_bert, small_sts
     argv = base_flags("conisi", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
     line = one_error_line(conisi.main, argv + ["--data", tmp_path / "missing", "--model", NOBODY], capsys)
     assert line.startswith(f"error: --data {tmp_path / 'missing'}: ")
+
+
+def test_offline_a_run_names_every_missing_piece_at_once(tmp_path, monkeypatch, capsys):
+    """`python simcse.py` on a fresh clone with no network: the STS data, the training file and the
+    model, each with what to place where, in one line; nothing is written, not even data/."""
+    data = tmp_path / "clone" / "data"             # the clone's data/, as the flags' defaults name it
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    argv = ["--data", data / downloads.WIKI1M, "--sts_dir", data / "sts", "--model", NOBODY,
+            "--output_dir", tmp_path / "run"]
+    line = one_error_line(simcse.main, argv, capsys)
+    assert line.startswith(f"error: 3 things this run needs cannot be had here: (1) --model {NOBODY}: "
+                           f"{OFFLINE} Unset HF_HUB_OFFLINE to download it, or pass a local folder made "
+                           f"where the hub is reachable: `hf download {NOBODY} --local-dir models/nothing`, "
+                           f"then --model models/nothing. "), line
+    assert f"(2) --sts_dir {data / 'sts'}: not there, and HF_HUB_OFFLINE=1 keeps the hub from being asked. " \
+        f"Run `python tools/download.py --what sts` where the network reaches huggingface.co, or put " \
+        f"SentEval's STS/ and SICK/ folders there. (3) --data {data / downloads.WIKI1M}: not there, and " \
+        f"HF_HUB_OFFLINE=1 keeps the hub from being asked. Run `python tools/download.py --what wiki1m` " \
+        f"where the network reaches huggingface.co, or put the file there." in line, line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "clone").exists()
+
+
+def test_ifcl_offline_names_its_three_models_at_once(tmp_path, small_sts, parallel, capsys):
+    """IFCL's first run needs --model, --fraternal_model and the --mt_model that makes its German
+    file: one line names the three, the MT model with how to make the file elsewhere."""
+    argv = ["--model", NOBODY, "--fraternal_model", "nobody/fraternal", "--mt_model", "nobody/mt",
+            "--data", parallel / "en.txt", "--sts_dir", small_sts, "--output_dir", tmp_path / "run",
+            "--cache_dir", tmp_path / "c"]
+    line = one_error_line(ifcl.main, argv, capsys)
+    assert line.startswith(f"error: 3 things this run needs cannot be had here: (1) --model {NOBODY}: "
+                           f"{OFFLINE} "), line
+    assert f" (2) --fraternal_model nobody/fraternal: {OFFLINE} " in line and line.endswith(
+        "then --mt_model models/mt. Translating --data needs it once (the German file is kept and reused); "
+        "the file can be made on another machine: `python tools/translate.py --data DATA --out FILE`, then "
+        "--fraternal_data FILE."), line
+    assert " (3) --mt_model nobody/mt: " in line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
 
 
 # -------------------------------------------------------------------------------------
