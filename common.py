@@ -52,6 +52,7 @@ from scipy.stats import spearmanr
 from plumbing import downloads, export, flags, inputs, run_folder
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
+from plumbing.downloads import in_data as in_data
 from plumbing.errors import UserError
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
 from plumbing.flags import arg, select_rows
@@ -75,7 +76,7 @@ class TrainArgs:
     """The flags every training script shares: unsupervised SimCSE's BERT-base defaults, which
     the other papers start from. A script's `Args(TrainArgs)` adds fields and re-declares any
     whose default it changes."""
-    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (downloaded on first use)",
+    data: str = arg(in_data("wiki1m_for_simcse.txt"), "one sentence a line (downloaded on first use)",
                     "SimCSE paper Sec. 3")
     model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "SimCSE paper Sec. 3")
     output_dir: str = arg("", "run folder: args.json, metrics.jsonl, best/, last/ (default: runs/<script>/"
@@ -90,7 +91,7 @@ class TrainArgs:
     seed: int = arg(42, "seed for python, numpy and torch", "SimCSE official code", ge=0)
     eval_every: int = arg(125, "steps between STS-B dev evaluations (the best is kept in best/)",
                           "SimCSE official code", ge=1)
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    sts_dir: str = arg(in_data("sts"), "SentEval's STS/ and SICK/ folders (downloaded on first use)")
     eval_untrained: bool = arg(False, "also evaluate the untrained --model on the 7 tasks at the end and "
                                "print its row beside the run's; it does not change training")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")

@@ -49,7 +49,8 @@ class Args(common.TrainArgs):
     # the German side's file, its MT model and its embedding layer: a run with others still
     # shows the paper's rows (a reference)
     row_free = ("fraternal_data", "mt_model", "fraternal_model")
-    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
+    data: str = arg(common.in_data("wiki1m_for_simcse.txt"), "English sentences, one a line",
+                    "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
                               "left out: made from --data with --mt_model on the first run and "
                               "kept beside --data (or in --cache_dir) for the next ones", "paper Sec. 4.1")

@@ -22,7 +22,18 @@ from plumbing.errors import UserError
 from plumbing.inputs import count_lines, is_sts_dir
 from plumbing.progress import progress
 
-DATA_DIR = Path("data")
+
+def _data_dir() -> Path:
+    """The defaults' data/: the repository's, relative inside it (data/... at its root, as the docs
+    read), absolute from any other folder (the same data/, not a second download)."""
+    data = Path(__file__).resolve().parents[1] / "data"
+    try:
+        return Path(os.path.relpath(data)) if Path.cwd().resolve().is_relative_to(data.parent) else data
+    except OSError:                 # the working folder was deleted
+        return data
+
+
+DATA_DIR = _data_dir()
 UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
 WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
@@ -133,6 +144,11 @@ def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str 
                 check_download(tmp / name, name, wiki1m_lines)
             os.replace(tmp / final.name, final)
     return got
+
+
+def in_data(name: str) -> str:
+    """A flag's default that names data/<name>: the repository's data/ from any working folder."""
+    return str(DATA_DIR / name)
 
 
 def fetched_on_first_use(data: str | Path) -> bool:

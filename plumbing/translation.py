@@ -39,7 +39,7 @@ from plumbing.ranks import world
 
 @dataclass
 class TranslateArgs:
-    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line")
+    data: str = arg(downloads.in_data(downloads.WIKI1M), "English sentences, one a line")
     out: str = arg("", "where the German lines go (written as <out>.part until complete); left "
                    "out: where `python ifcl.py` looks for them, <data>.de.<mt_model>.txt")
     cache_dir: str = arg("", "with --out left out: put the file here, not beside --data")

@@ -6,6 +6,7 @@ local HTTP server."""
 from __future__ import annotations
 
 import http.server
+import json
 import subprocess
 import sys
 import tarfile
@@ -179,8 +180,40 @@ def test_a_failed_download_says_what_to_check_not_to_run_it_again(tmp_path, caps
 
 
 # -------------------------------------------------------------------------------------
-# A run's first use fetches what the defaults name; what cannot be had is named with the rest
+# The defaults' data/ from any working folder; a run's first use fetches what they name
 # -------------------------------------------------------------------------------------
+
+DEFAULTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import common, conisi, focal_infonce, ifcl, rcl, simcse
+from plumbing import downloads, translation
+from tools import download
+field = lambda cls, name: cls.__dataclass_fields__[name].default
+print(json.dumps({"DATA_DIR": str(downloads.DATA_DIR), "sts_dir": field(common.TrainArgs, "sts_dir"),
+                  **{m.__name__: field(m.Args, "data") for m in (simcse, focal_infonce, ifcl, conisi, rcl)},
+                  "translate": field(translation.TranslateArgs, "data"),
+                  "dest": field(download.DownloadArgs, "dest")}))
+"""
+
+
+@pytest.mark.parametrize("where", ["root", "inside", "elsewhere"])
+def test_the_defaults_name_the_repository_data_from_any_working_folder(where, tmp_path):
+    """From the repository's root they read as the docs write them (args.json, folder names and
+    --help unchanged); from a folder inside it, relative to it; from anywhere else, the clone's
+    data/ by its absolute path (not a second download into the working folder's data/)."""
+    cwd = {"root": ROOT, "inside": ROOT / "tests", "elsewhere": tmp_path}[where]
+    r = subprocess.run([sys.executable, "-c", DEFAULTS, str(ROOT)], cwd=cwd, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    data = {"root": "data", "inside": "../data", "elsewhere": str(ROOT / "data")}[where]
+    assert got == {"DATA_DIR": data, "sts_dir": f"{data}/sts", "simcse": f"{data}/wiki1m_for_simcse.txt",
+                   "focal_infonce": f"{data}/wiki1m_for_simcse.txt", "ifcl": f"{data}/wiki1m_for_simcse.txt",
+                   "conisi": f"{data}/wiki1m_for_simcse.txt", "rcl": f"{data}/nli_for_simcse.csv",
+                   "translate": f"{data}/wiki1m_for_simcse.txt", "dest": data}
+    assert (cwd / got["simcse"]).resolve() == ROOT / "data" / downloads.WIKI1M
+
 
 def test_a_run_fetches_what_its_defaults_name_on_first_use(tmp_path, full_sts, monkeypatch, capsys):
     """missing_pieces with the hub answering: the STS data and the NLI file the defaults name are
