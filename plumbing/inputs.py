@@ -1,8 +1,6 @@
-"""What a run is given, read and checked before anything is written: the training file (one
-sentence a line, or SimCSE's CSV), each error naming the flag and the file; the token cache
-beside the data, trusted only when it is whole and its own; where a model comes from (a folder,
-the Hugging Face cache, the hub) and the encoder's config and positions; a model folder's files;
-the STS folder's layout."""
+"""What a run is given, checked before anything is written, each error naming the flag and the
+file: the training file, the token cache beside it (trusted only when whole and its own), a model
+(a folder, the Hugging Face cache, the hub), its config and files, the STS folder."""
 
 from __future__ import annotations
 
@@ -196,6 +194,8 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
                         f"--data {data}). Lower --batch_size to at most {n} or give more data.")
     if batch_size % world_size:
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
+
+
 def describe_entry(path: str | Path) -> str | None:
     """What an entry is when it is no file or folder, for the refusal of an entry a program writes or
     trusts (nothing is written through a link); None for a file, a folder or nothing."""
@@ -206,8 +206,6 @@ def describe_entry(path: str | Path) -> str | None:
         return None
     return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
         "not a file or a folder (a pipe, a device or a socket)"
-
-
 
 
 # -------------------------------------------------------------------------------------

@@ -3,20 +3,18 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
-`python ifcl.py --data data/wiki1m_for_simcse.txt` makes this same file itself on its first run,
-through one call into this module (fraternal_file, at the end: the file checked before anything
-loads, made after common.start, then read); left without --out, the file goes where ifcl.py
-looks for it, <data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on
-CUDA, the batch halved when the GPU runs out of memory), with a progress bar, and resumable:
-lines go to <out>.part in chunks of the input's order (flushed after each), beside
-<out>.part.json, which says what is being translated; <out> appears only when every line is
-done, so a partial file is never taken for a finished one. A killed run continues where
-<out>.part stops. Under torchrun (ifcl.py's first run) rank 0 translates while the other
-ranks wait for the file.
+`python ifcl.py` makes this same file on its first run, through one call into this module
+(fraternal_file, at the end); without --out the file goes where ifcl.py looks for it,
+<data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on CUDA, the
+batch halved when the GPU runs out of memory), with a progress bar, and resumable: lines go to
+<out>.part in chunks of the input's order (flushed after each), beside <out>.part.json, which says
+what is being translated; <out> appears only when every line is done. A killed run continues where
+<out>.part stops. Under torchrun rank 0 translates while the other ranks wait for the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,14 +58,10 @@ T5_PREFIX = "translate English to German: "
 AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0
 
 
-
-
-
 def mt_slug(mt_model: str) -> str:
-    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
-    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
-    NOTE(ours): the name carries the model so that a file made by one model is never taken
-    for another's; two local folders both called 'mt' get different names."""
+    """The MT model in the German file's name: a hub name with '/' as '--' (the hub's convention),
+    a folder as its name and a hash of its absolute path. NOTE(ours): a file made by one model is
+    never taken for another's, even of two folders both called 'mt'."""
     p = Path(mt_model).expanduser()
     if p.is_dir():
         full = str(p.resolve())
@@ -84,11 +78,8 @@ def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Pat
     name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
     if cache_dir:
         return Path(cache_dir) / name
-    folder = data_p.resolve().parent
-    probe = folder
-    while not probe.exists():            # data/ before its first download: it will be created
-        probe = probe.parent
-    if os.access(probe, os.W_OK):
+    folder = data_p.resolve().parent     # data/ before its first download: the folder it will be in
+    if os.access(next(p for p in [folder, *folder.parents] if p.exists()), os.W_OK):
         return folder / name
     return default_cache_dir(data, "") / name
 
@@ -144,22 +135,15 @@ def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: s
     # longest first (stable: ties keep the input's order), so a batch that does not fit in
     # memory is met at the start of the chunk; similar lengths waste little on padding
     order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out: list[str] = [""] * len(texts)
     i = 0
     while i < len(order):
         rows = order[i:i + batch_size]
-        width = max(len(ids[r]) for r in rows)
-        x = torch.full((len(rows), width), pad, dtype=torch.long)           # (B, L)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)             # (B, L)
-        for k, r in enumerate(rows):
-            x[k, :len(ids[r])] = torch.tensor(ids[r])
-            mask[k, :len(ids[r])] = 1
+        batch = tok.pad({"input_ids": [ids[r] for r in rows]}, return_tensors="pt").to(device)  # (B, L) each
         gen = None
         try:
             with torch.inference_mode():
-                gen = model.generate(input_ids=x.to(device), attention_mask=mask.to(device),
-                                     num_beams=args.num_beams, do_sample=False,
+                gen = model.generate(**batch, num_beams=args.num_beams, do_sample=False,
                                      max_new_tokens=args.max_new_tokens)       # (B, T)
         except torch.cuda.OutOfMemoryError:
             if batch_size == 1:
@@ -186,8 +170,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
                             f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
-        k = count_lines(out)
-        if k == len(src):
+        if (k := count_lines(out)) == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
             return out
         raise UserError(f"--out {out} exists with {k} lines but --data {args.data} has {len(src)} "
@@ -253,8 +236,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
                 f.write("".join((t or e) + "\n" for t, e in zip(lines, chunk)))
                 f.flush()
                 os.fsync(f.fileno())
-        secs = time.perf_counter() - t0
-        new = len(src) - done
+        secs, new = time.perf_counter() - t0, len(src) - done
         print(f"translated {new} sentences in {secs:.1f} s ({new / max(secs, 1e-9):.1f} sentences/s)",
               file=sys.stderr)
         if empty:
@@ -263,8 +245,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()                    # the GPU's memory goes back to training
-    n_out = count_lines(part)
-    if n_out != len(src):
+    if (n_out := count_lines(part)) != len(src):
         raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
                         f"translate into it at once?); delete it and {meta} and translate again.")
     os.replace(part, out)
@@ -279,15 +260,12 @@ def failure_marker(out: Path) -> Path:
 
 
 def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Under torchrun, the ranks other than 0 wait for rank 0's translation: polling the file
-    system, not a collective, whose timeout (minutes) is shorter than a translation (hours).
-    The final name appears only once complete; a failure of rank 0 ends the wait with its
-    message (and torchrun stops every rank when one dies)."""
-    rank = world()[0]
-    print(f"rank {rank}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
-    failed = failure_marker(out)
+    """Under torchrun, the ranks other than 0 wait for rank 0's translation by polling the file
+    system (a collective times out in minutes; a translation takes hours); rank 0's failure ends
+    the wait with its message."""
+    print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
     while not out.exists():
-        if failed.exists():
+        if (failed := failure_marker(out)).exists():
             raise UserError(f"rank 0 could not make {out}: {failed.read_text()}")
         time.sleep(poll_s)
 
@@ -302,11 +280,9 @@ def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch
         translate_file(TranslateArgs(data=data, out=str(out), mt_model=mt_model), device)
     except BaseException as e:
         if world_size > 1:
-            try:                                        # never hide e behind a failed note
+            with contextlib.suppress(OSError):          # never hide e behind a failed note
                 out.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
-            except OSError:
-                pass
         raise
 
 
