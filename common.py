@@ -52,6 +52,7 @@ from scipy.stats import spearmanr
 from plumbing import downloads, export, flags, inputs
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
+from plumbing.downloads import in_data as in_data
 from plumbing.errors import NothingToDo, UserError
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
 from plumbing.flags import arg, select_rows
@@ -75,7 +76,7 @@ class TrainArgs:
     """The flags every training script shares: unsupervised SimCSE's BERT-base defaults, which
     the other papers start from. A script's `Args(TrainArgs)` adds fields and re-declares any
     whose default it changes."""
-    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (downloaded on first use)",
+    data: str = arg(in_data("wiki1m_for_simcse.txt"), "one sentence a line (downloaded on first use)",
                     "SimCSE paper Sec. 3")
     model: str = arg("bert-base-uncased", "hub name or local folder of the encoder", "SimCSE paper Sec. 3")
     output_dir: str = arg("", "run folder: args.json, metrics.jsonl, best/, last/ (default: runs/<script>/"
@@ -90,7 +91,7 @@ class TrainArgs:
     seed: int = arg(42, "seed for python, numpy and torch", "SimCSE official code", ge=0)
     eval_every: int = arg(125, "steps between STS-B dev evaluations (the best is kept in best/)",
                           "SimCSE official code", ge=1)
-    sts_dir: str = arg("data/sts", "SentEval's STS/ and SICK/ folders (downloaded on first use)")
+    sts_dir: str = arg(in_data("sts"), "SentEval's STS/ and SICK/ folders (downloaded on first use)")
     eval_untrained: bool = arg(False, "also evaluate the untrained --model on the 7 tasks at the end and "
                                "print its row beside the run's; it does not change training")
     resume: bool = arg(False, "continue the run in --output_dir from its last checkpoint")
@@ -244,20 +245,19 @@ Encode = Callable[[list[str], Callable[[int], Any]], np.ndarray]
 def load_encoder(name: str, dropout: float | None = None, flag: str = "--model"):
     """(tokenizer, encoder) of a hub name or a folder: SDPA attention, fp32 (bf16 comes from
     autocast on a GPU); `dropout` overrides hidden and attention dropout. A hub name that is
-    cached while the hub cannot be reached is read from the cache alone (inputs.where_from)."""
+    cached while the hub cannot be reached is read from the cache alone (inputs.hub_offline)."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # the run's own progress bar is the one that matters
-    where = inputs.where_from(name, flag)      # one line within seconds if it is nowhere to be had
-    config = inputs.encoder_config(name, flag)
+    config = inputs.encoder_config(name, flag)  # one line within seconds if it is nowhere to be had
     for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
         if dropout is not None and hasattr(config, k):
             setattr(config, k, dropout)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True, **where)
+        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
         encoder = AutoModel.from_pretrained(name, config=config, attn_implementation="sdpa",
-                                            dtype=torch.float32, **where)
-    except OSError as e:
+                                            dtype=torch.float32)
+    except (OSError, RecursionError) as e:      # RecursionError: a JSON file nested too deeply
         raise inputs.not_loaded(flag, name, e)
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{flag} {name}: no fast tokenizer (tokenizer.json) was found; this project "
@@ -674,16 +674,19 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 # Start-up: every flag and file checked before anything is written
 # =====================================================================================
 
-def start(args: TrainArgs) -> torch.device:
+def start(args: TrainArgs, models: dict[str, tuple[str, str]] | None = None) -> torch.device:
     """Before a script loads a model: torchrun's process group; every flag, then every file checked
-    before anything is written (the default data downloaded on first use); the flags that depend
-    on the data settled; the seed; the run folder, held, with its record (args.json, run.json,
-    code/), and named on stderr. A --resume of a run that had finished shows its figures and stops."""
+    before anything is written (the default data downloaded on first use; offline, whatever cannot
+    be had named at once: the data, --model and a script's own `models`, {flag: (name, one more way
+    out)}); the flags that depend on the data settled; the seed; the run folder, held, with its
+    record (args.json, run.json, code/), and named on stderr. A --resume of a run that had finished
+    shows its figures and stops."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     run = RunFolder.named(args)                     # --output_dir, or the default for these flags and code
-    if world()[0] == 0:                             # the default data, into data/ on first use
-        downloads.on_first_use(args.data, args.sts_dir, check_sts)
+    if world()[0] == 0:     # the default data into data/ on first use, else what is missing named at once
+        downloads.missing_pieces(args.data, args.sts_dir, check_sts,
+                                 {"--model": (args.model, ""), **(models or {})})
     barrier()
     # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
     rows = data_rows(args.data)

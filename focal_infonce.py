@@ -43,7 +43,7 @@ from common import arg
 class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs (SimCSE's defaults, which this paper keeps)."""
     SOURCES = {"batch_size": "paper Tab. 1", "lr": "paper Tab. 1", "epochs": "official code"}
-    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised only)",
+    data: str = arg(common.in_data("wiki1m_for_simcse.txt"), "one sentence a line (unsupervised only)",
                     "paper Sec. 4")
     # NOTE(paper vs code): Sec. 4 prints tau {0.7, 0.7, 0.5, 0.5}; Tab. 4 (best 0.07 for
     # BERT-base) and the official script's --temp 0.05 show that 0.07/0.05 were meant.

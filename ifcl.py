@@ -49,7 +49,8 @@ class Args(common.TrainArgs):
     # the German side's file, its MT model and its embedding layer: a run with others still
     # shows the paper's rows (a reference)
     OWN_ROW_FREE = ("fraternal_data", "mt_model", "fraternal_model")
-    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line", "paper Sec. 4.1")
+    data: str = arg(common.in_data("wiki1m_for_simcse.txt"), "English sentences, one a line",
+                    "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "
                               "left out: made from --data with --mt_model on the first run and "
                               "kept beside --data (or in --cache_dir) for the next ones", "paper Sec. 4.1")
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     # x^-, the German sentences: their file checked now, before anything loads or is written
     german = None if args.no_fraternal else translation.fraternal_file(args)
-    device = common.start(args)                 # torchrun, flags checked, seed, output folder
+    device = common.start(args, german.models if german else None)  # torchrun, all checked, run folder
     columns = common.load_columns(args.data)    # {"text": [...]}
     if german is not None:                      # rank 0 makes the file on the first run; the encoders wait
         columns["frat"] = german.sentences(len(columns["text"]), device)

@@ -52,8 +52,8 @@ class Args(common.TrainArgs):
     """The shared flags are common.TrainArgs; RCL changes and adds (both stages share them):"""
     SOURCES = {"epochs": "paper App. A", "batch_size": "paper App. A", "max_len": "ours", "seed": "ours",
                "weight_decay": "ours", "max_grad_norm": "ours"}
-    data: str = arg("data/nli_for_simcse.csv", "a CSV sent0,sent1[,hard_neg] (the paper's NLI form) "
-                    "or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
+    data: str = arg(common.in_data("nli_for_simcse.csv"), "a CSV sent0,sent1[,hard_neg] (the paper's NLI "
+                    "form) or one sentence a line (unsupervised form: two dropout views)", "paper App. A")
     model: str = arg("sentence-transformers/nli-roberta-base-v2", "hub name or local folder of the "
                      "encoder; both stages start from it", "paper App. A")
     output_dir: str = arg("", "run folder: entropy_phi<phi>/ per entropy model (end/, best/), then the "

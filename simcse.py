@@ -43,7 +43,7 @@ from common import arg
 @dataclass
 class Args(common.TrainArgs):
     """TrainArgs' defaults are this paper's (common.py); SimCSE adds:"""
-    data: str = arg("data/wiki1m_for_simcse.txt", "one sentence a line (unsupervised) or a CSV "
+    data: str = arg(common.in_data("wiki1m_for_simcse.txt"), "one sentence a line (unsupervised) or a CSV "
                     "sent0,sent1[,hard_neg] (supervised)", "paper Sec. 3")
     eval_every: int = arg(125, "steps between STS-B dev evaluations (run_unsup_example.sh; the "
                           "paper's App. A says every 250)", "official code", ge=1)

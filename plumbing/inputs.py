@@ -1,12 +1,11 @@
-"""What a run is given, read and checked before anything is written: the training file (one
-sentence a line, or SimCSE's CSV), each error naming the flag and the file; the token cache
-beside the data, trusted only when it is whole and its own; where a model comes from (a folder,
-the Hugging Face cache, the hub) and the encoder's config and positions; a model folder's files;
-the STS folder's layout."""
+"""What a run is given, checked before anything is written, each error naming the flag and the
+file: the training file, the token cache beside it (trusted only when whole and its own), a model
+(a folder, the Hugging Face cache, the hub), its config and files, the STS folder."""
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import difflib
 import functools
@@ -14,17 +13,16 @@ import hashlib
 import io
 import json
 import os
-import socket
+import stat
 import sys
 import tempfile
-import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from plumbing.atomic_writes import no_follow
+from plumbing.atomic_writes import no_follow, write_atomic
 from plumbing.errors import UserError, writing
 
 
@@ -37,8 +35,8 @@ def read_once(read: Callable) -> Callable:
 
     @functools.wraps(read)
     def wrapped(path: str | Path, flag: str = "--data"):
-        stat = Path(path).stat() if Path(path).is_file() else None
-        return cached(str(path), flag, stat and (stat.st_mtime_ns, stat.st_size))
+        st = Path(path).stat() if Path(path).is_file() else None
+        return cached(str(path), flag, st and (st.st_mtime_ns, st.st_size))
     return wrapped
 
 
@@ -92,18 +90,22 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
                         f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
 
 
-def read_json_object(path: str | Path) -> dict:
-    """The JSON object in `path` (a run's record, a model's config), or a ValueError that says in a
-    few words why it is none: unreadable, not JSON, nested too deeply to read, not an object."""
+def read_json(path: str | Path):
+    """The JSON in `path`, or a ValueError that says in a few words why there is none: unreadable,
+    not JSON, nested too deeply to read."""
     try:
-        obj = json.loads(Path(path).read_bytes())
+        return json.loads(Path(path).read_bytes())
     except OSError as e:
         raise ValueError(e.strerror or str(e)) from None
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
     except ValueError as e:             # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(str(e).splitlines()[0][:100] if str(e) else type(e).__name__) from None
-    if not isinstance(obj, dict):
+
+
+def read_json_object(path: str | Path) -> dict:
+    """read_json of a file that must hold an object (a run's record, a model's config)."""
+    if not isinstance(obj := read_json(path), dict):
         raise ValueError("not a JSON object")
     return obj
 
@@ -134,9 +136,8 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
 
 
 def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(ids, lengths, pad_id) kept in `cache` by an earlier tokenisation, or None. A file that is
-    not whole and this key's (cut short, pickled arrays, another cache renamed, a link) is only a
-    cache: said in a note, tokenised again and replaced."""
+    """(ids, lengths, pad_id) kept in `cache`, or None. One not whole and this key's (cut short,
+    pickled arrays, another cache renamed, a link): a note, and it is tokenised again."""
     if cache is None or not os.path.lexists(cache):
         return None
     try:
@@ -155,37 +156,27 @@ def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None
 
 
 def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id: int) -> None:
-    """Keep a tokenisation in `cache`, with its key, through a temporary name of this process's own
-    (under torchrun every rank tokenises and writes) renamed into place; a failed write leaves no
-    temporary file, and one that a killed process left is removed."""
+    """Keep a tokenisation in `cache`, with its key, through write_atomic (a temporary name of this
+    process's own: every rank writes); what a killed process left there, as large, is removed."""
     if cache is None:
         return
     with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        for left in cache.parent.glob(".tok-*.tmp.npz"):
-            if not _alive(left.name.split(".")[-3]):     # .tok-KEY.PID.tmp.npz
+        for left in cache.parent.glob(".tok-*.npz.*.tmp"):
+            if not _alive(left.name.split(".")[-2]):     # .tok-KEY.npz.PID.tmp
                 left.unlink(missing_ok=True)
-        tmp = cache.with_name(f".{cache.stem}.{os.getpid()}.tmp.npz")
-        tmp.unlink(missing_ok=True)
-        try:
-            with open(tmp, "xb", opener=no_follow) as f:
-                np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem)
-            os.replace(tmp, cache)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem))
 
 
 def _alive(pid: str) -> bool:
     """Whether process `pid` (a temporary file's) still runs; unknown (not POSIX): yes."""
-    if os.name != "posix" or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    if os.name == "posix" and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except OSError:                 # another user's: it runs
+            pass
     return True
 
 
@@ -205,69 +196,48 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
 
 
+def describe_entry(path: str | Path) -> str | None:
+    """What an entry is when it is no file or folder, for the refusal of an entry a program writes or
+    trusts (nothing is written through a link); None for a file, a folder or nothing."""
+    if not os.path.lexists(path):
+        return None
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
+        "not a file or a folder (a pipe, a device or a socket)"
+
+
 # -------------------------------------------------------------------------------------
 # Where a model comes from: a folder here, or a hub name in the local cache or on the hub
 # -------------------------------------------------------------------------------------
 
-HUB_WAIT_S = 3.0    # how long the hub may take to answer before it counts as unreachable
+HUB_WAIT_S = 3.0    # how long the hub may take to answer before this process goes offline
+MODEL = "the folder of a saved model (config.json, its weights and tokenizer), or a hub name"
 
 
-def hub_problem() -> str | None:
-    """Why the Hugging Face hub is not asked, in a few words, or None when it answers: offline
-    mode (HF_HUB_OFFLINE=1), or no answer within HUB_WAIT_S to one request to its address (HF_ENDPOINT,
-    else https://huggingface.co). Without this, transformers retries each file for about 25 s."""
+@functools.cache
+def hub_offline() -> str | None:
+    """Why this process does not ask the Hugging Face hub (HF_HUB_OFFLINE=1, or one request to
+    HF_ENDPOINT failed within HUB_WAIT_S: then the libraries' offline mode is switched on, and they
+    read their cache at once), or None. Without it, transformers retries each file a model lacks in
+    the cache for 23 s (measured: an uncached name refused after 23 s, a cached model loaded in 120)."""
     from huggingface_hub import constants
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE=1 is set"
-    return _ask_hub(constants.ENDPOINT)
-
-
-@functools.lru_cache(maxsize=4)
-def _ask_hub(endpoint: str) -> str | None:
-    """hub_problem's request, once a process: through the hub library's own client (its proxy
-    settings and certificates), any answer at all counting as reachable."""
     from huggingface_hub.utils import get_session
-    host = urllib.parse.urlsplit(endpoint).netloc or endpoint
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1 keeps the hub from being asked"
     try:
-        get_session().head(endpoint, timeout=HUB_WAIT_S)
-    except Exception as e:          # the client's own errors (httpx's or requests'), raised from an OSError
-        return _network_words(e, host)
+        get_session().head(constants.ENDPOINT, timeout=HUB_WAIT_S)
+    except Exception as e:          # the client's own errors (httpx's), raised from an OSError
+        constants.HF_HUB_OFFLINE = True
+        return f"the hub cannot be reached ({constants.ENDPOINT}: {str(e)[:100] or type(e).__name__})"
     return None
 
 
-def _network_words(e: BaseException, host: str) -> str:
-    """What a failed connection to `host` says, in a few words: the OSError beneath the client's error."""
-    chain = []
-    while e is not None and e not in chain and len(chain) < 10:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for x in chain:
-        if isinstance(x, socket.gaierror):
-            return f"{host} does not resolve: no network, or no DNS"
-        if isinstance(x, ConnectionRefusedError):
-            return f"{host} refused the connection"
-        if isinstance(x, TimeoutError) or "Timeout" in type(x).__name__:
-            return f"{host} did not answer within {HUB_WAIT_S:g} s"
-    told = next((x.strerror for x in chain if isinstance(x, OSError) and x.strerror), None)
-    return f"{host}: {told or str(chain[0]).splitlines()[0][:100] or type(chain[0]).__name__}"
-
-
 def _cached(name: str) -> bool:
-    """Whether hub model `name` is in the local Hugging Face cache (its config.json, as loading
-    it last left it)."""
+    """Whether hub model `name` is in the local Hugging Face cache (its config.json)."""
     from huggingface_hub import try_to_load_from_cache
     return isinstance(try_to_load_from_cache(name, "config.json"), str)
-
-
-def _cached_like(name: str) -> list[str]:
-    """The models in the local Hugging Face cache whose names look like `name` (a typo's likely aim)."""
-    from huggingface_hub import constants
-    try:
-        names = [d.name[len("models--"):].replace("--", "/") for d in Path(constants.HF_HUB_CACHE).iterdir()
-                 if d.name.startswith("models--")]
-    except OSError:
-        return []
-    return difflib.get_close_matches(name, names, n=2, cutoff=0.75)
 
 
 def _folders_like(path: Path) -> str:
@@ -289,84 +259,69 @@ def _folders_like(path: Path) -> str:
 def _is_hub_name(name: str) -> bool:
     """Whether `name` can be a hub name (owner/model or model), not only a path (./x, /x, a/b/c, x/)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
+    with contextlib.suppress(HFValidationError):
+        return validate_repo_id(name) is None
+    return False
 
 
-def where_from(name: str, flag: str = "--model", instead: str = "") -> dict[str, bool]:
-    """Where `name` loads from, as from_pretrained keywords; every path that loads a model by name
-    asks this first, before anything is written. A folder here: {} (read where it is). A hub name
-    with the hub answering: {} (transformers fetches it, or checks its cache). A hub name in the
-    local Hugging Face cache with the hub unreachable or offline: {"local_files_only": True}, read
-    from the cache with no network retries. Else a UserError within HUB_WAIT_S, one line: a path
-    that is no folder (with the names beside it), or a hub name neither cached nor reachable (why,
-    and what to do); `instead` ends it with one more way out."""
+def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | None:
+    """Why model `name` cannot be had (no folder here, no hub name in the local cache or on a hub
+    that answers), in one line that says what to do, or None; `instead`: one more way out."""
     path = Path(name)
     if path.is_dir():
-        return {}
-    if path.exists():
-        raise UserError(f"{flag} {name}: is a file; pass the folder of a saved model (config.json, its "
-                        f"weights and tokenizer), or a hub name.{instead}")
-    # a path typed by hand (./x, ../x, /x, x/, a/b/c) cannot be a hub name: a folder that is not there
-    if not _is_hub_name(name):
-        raise UserError(f"{flag} {name}: no such folder{_folders_like(path)}. Pass the folder of a saved "
-                        f"model (config.json, its weights and tokenizer), or a hub name.{instead}")
-    why = hub_problem()
-    if why is None:
-        return {}
-    if _cached(name):
-        return {"local_files_only": True}
-    # models/x with models/ here: a folder mistyped, more likely than a hub name
-    beside = path.parent != Path(".") and path.parent.is_dir()
-    like = _cached_like(name)
-    nowhere = (f"{flag} {name}: neither a folder here{_folders_like(path) if beside else ''} nor in the "
-               f"local Hugging Face cache" + (f" (which holds {' and '.join(like)})" if like else ""))
-    hub = "HF_HUB_OFFLINE=1 keeps the hub from being asked" if why.startswith("HF_HUB_OFFLINE") else \
-        f"the hub cannot be reached ({why})"
-    local = f"models/{path.name}"
-    fetch = f"made where the hub is reachable: `hf download {name} --local-dir {local}`, then {flag} {local}"
-    if beside:
-        todo = "Pass the folder of a saved model (config.json, its weights and tokenizer), or a hub name."
-    elif why.startswith("HF_HUB_OFFLINE"):
-        todo = f"Unset HF_HUB_OFFLINE to download it, or pass a local folder {fetch}."
-    else:
-        todo = (f"Connect, or pass a local folder {fetch}. With HF_HUB_OFFLINE=1 every hub lookup uses the "
-                f"cache at once.")
-    raise UserError(f"{nowhere}, and {hub}. {todo}{instead}")
+        return None
+    if path.exists() or not _is_hub_name(name):     # a file; ./x, ../x, /x, x/, a/b/c: only a folder
+        what = "is a file" if path.exists() else f"no such folder{_folders_like(path)}"
+        return f"{flag} {name}: {what}. Pass {MODEL}.{instead}"
+    if (why := hub_offline()) is None or _cached(name):
+        return None
+    near = _folders_like(path) if path.parent.is_dir() and path.parent != Path(".") else ""  # models/x typo
+    local, offline = f"models/{path.name}", why.startswith("HF_HUB_OFFLINE")
+    return (f"{flag} {name}: neither a folder here{near} nor in the local Hugging Face cache, and {why}. "
+            f"{'Unset HF_HUB_OFFLINE' if offline else 'Connect'} to download it, or pass a local folder made "
+            f"where the hub is reachable: `hf download {name} --local-dir {local}`, then {flag} {local}."
+            f"{'' if offline else ' With HF_HUB_OFFLINE=1 the hub is not asked.'}{instead}")
 
 
-def not_loaded(flag: str, name: str, e: Exception) -> UserError:
+def where_from(name: str, flag: str = "--model", instead: str = "") -> None:
+    """Asked first by every path that loads a model by name: model_missing as a UserError."""
+    if why := model_missing(name, flag, instead):
+        raise UserError(why)
+
+
+def not_loaded(flag: str, name: str, e: BaseException) -> UserError:
     return UserError(f"{flag} {name}: could not load it ({str(e).splitlines()[0]}). Give a local folder "
                      f"with config.json, weights and tokenizer, or a hub name with the hub reachable.")
 
 
 def encoder_config(name: str, flag: str = "--model"):
-    """The config of a hub name or a local folder, no weights loaded (where_from checked first)."""
+    """The config of a hub name or a local folder, no weights loaded (where_from asked first)."""
     from transformers import AutoConfig
-    where = where_from(name, flag)
+    where_from(name, flag)
     try:
-        return AutoConfig.from_pretrained(name, **where)
-    except (OSError, ValueError) as e:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
         raise not_loaded(flag, name, e)
 
 
 def model_folder_problem(folder: Path) -> str | None:
     """What is wrong with the files of a saved model folder (--model, a run's best/ or end/), or
-    None: a .json that does not parse, weights cut short or damaged, weights that are not data (a
-    pickle carrying objects other than tensors), no weights. Read without loading the tensors."""
+    None: a .json that does not parse (or nests too deeply to), weights cut short or damaged,
+    weights that are not data (a pickle carrying objects other than tensors), no weights. Read
+    without loading the tensors."""
     if not folder.is_dir():
         return f"{folder} is missing"
     for p in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
         try:
-            json.loads(p.read_bytes())
-        except (OSError, ValueError) as e:        # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            return f"{p} is cut short or damaged (not JSON: {str(e).splitlines()[0][:80]})"
+            read_json(p)
+        except ValueError as e:
+            return f"{p} is cut short or damaged (not JSON: {str(e)[:80]})"
     index = folder / "model.safetensors.index.json"
-    shards = sorted({folder / f for f in json.loads(index.read_bytes()).get("weight_map", {}).values()}) \
-        if index.is_file() else [folder / "model.safetensors"]
+    try:
+        shards = sorted({folder / f for f in read_json_object(index)["weight_map"].values()}) \
+            if index.is_file() else [folder / "model.safetensors"]
+    except (ValueError, TypeError, AttributeError, KeyError) as e:     # no object, no weight_map of names
+        return f"{index} is not an index of weights ({type(e).__name__}: {str(e)[:80]})"
     if all(p.is_file() for p in shards):
         from safetensors import safe_open
         for p in shards:
@@ -376,15 +331,14 @@ def model_folder_problem(folder: Path) -> str | None:
             except Exception as e:                 # SafetensorError, a bare Exception
                 return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
         return None
-    if (folder / "pytorch_model.bin").is_file():
+    if (weights := folder / "pytorch_model.bin").is_file():
         import torch
         try:
-            torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+            torch.load(weights, map_location="cpu", mmap=True, weights_only=True)
         except Exception as e:                     # UnpicklingError, RuntimeError (a cut zip), EOFError
             if "Weights only load failed" in str(e):
-                return (f"{folder / 'pytorch_model.bin'} holds objects other than tensors, which loading "
-                        f"would run as code")
-            return f"{folder / 'pytorch_model.bin'} is cut short or damaged ({str(e).splitlines()[0][:120]})"
+                return f"{weights} holds objects other than tensors, which loading would run as code"
+            return f"{weights} is cut short or damaged ({str(e).splitlines()[0][:120]})"
         return None
     return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
 

@@ -3,27 +3,24 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
-`python ifcl.py --data data/wiki1m_for_simcse.txt` makes this same file itself on its first run,
-through one call into this module (fraternal_file, at the end: the file checked before anything
-loads, made after common.start, then read); left without --out, the file goes where ifcl.py
-looks for it, <data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on
-CUDA, the batch halved when the GPU runs out of memory), with a progress bar, and resumable:
-lines go to <out>.part in chunks of the input's order (flushed after each), beside
-<out>.part.json, which says what is being translated; <out> appears only when every line is
-done, so a partial file is never taken for a finished one. A killed run continues where
-<out>.part stops. Under torchrun (ifcl.py's first run) rank 0 translates while the other
-ranks wait for the file.
+`python ifcl.py` makes this same file on its first run, through one call into this module
+(fraternal_file, at the end); without --out the file goes where ifcl.py looks for it,
+<data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on CUDA, the
+batch halved when the GPU runs out of memory), with a progress bar, and resumable: lines go to
+<out>.part in chunks of the input's order (flushed after each), beside <out>.part.json, which says
+what is being translated; <out> appears only when every line is done. A killed run continues where
+<out>.part stops. Under torchrun rank 0 translates while the other ranks wait for the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +37,7 @@ from plumbing.ranks import world
 
 @dataclass
 class TranslateArgs:
-    data: str = arg("data/wiki1m_for_simcse.txt", "English sentences, one a line")
+    data: str = arg(downloads.in_data(downloads.WIKI1M), "English sentences, one a line")
     out: str = arg("", "where the German lines go (written as <out>.part until complete); left "
                    "out: where `python ifcl.py` looks for them, <data>.de.<mt_model>.txt")
     cache_dir: str = arg("", "with --out left out: put the file here, not beside --data")
@@ -61,14 +58,10 @@ T5_PREFIX = "translate English to German: "
 AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0
 
 
-
-
-
 def mt_slug(mt_model: str) -> str:
-    """The MT model as it appears in the German file's name: a hub name with '/' as '--'
-    (the hub's own convention); a local folder as its name plus a hash of its absolute path.
-    NOTE(ours): the name carries the model so that a file made by one model is never taken
-    for another's; two local folders both called 'mt' get different names."""
+    """The MT model in the German file's name: a hub name with '/' as '--' (the hub's convention),
+    a folder as its name and a hash of its absolute path. NOTE(ours): a file made by one model is
+    never taken for another's, even of two folders both called 'mt'."""
     p = Path(mt_model).expanduser()
     if p.is_dir():
         full = str(p.resolve())
@@ -85,11 +78,8 @@ def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Pat
     name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
     if cache_dir:
         return Path(cache_dir) / name
-    folder = data_p.resolve().parent
-    probe = folder
-    while not probe.exists():            # data/ before its first download: it will be created
-        probe = probe.parent
-    if os.access(probe, os.W_OK):
+    folder = data_p.resolve().parent     # data/ before its first download: the folder it will be in
+    if os.access(next(p for p in [folder, *folder.parents] if p.exists()), os.W_OK):
         return folder / name
     return default_cache_dir(data, "") / name
 
@@ -107,15 +97,13 @@ def mt_model_error(name: str, e: Exception) -> UserError:
 
 
 def check_mt_model(name: str) -> None:
-    """Before anything is written: the model can be had (a folder, the cache or the hub: where_from)
-    and its config loads and is a seq2seq one (the weights, possibly a download of a gigabyte, are
-    loaded by the rank that translates)."""
+    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
+    possibly a download of a gigabyte, are loaded by the rank that translates)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
-    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        config = AutoConfig.from_pretrained(name, **where)
-    except (OSError, ValueError) as e:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
         raise mt_model_error(name, e)
     if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         raise mt_model_error(name, ValueError(f"its model type '{config.model_type}' is not a "
@@ -126,12 +114,12 @@ def load_mt_model(name: str, device: torch.device):
     """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
     NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-    where = inputs.where_from(name, "--mt_model", ELSEWHERE)
+    inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
-        tok = AutoTokenizer.from_pretrained(name, **where)
+        tok = AutoTokenizer.from_pretrained(name)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype, **where).to(device).eval()
-    except (OSError, ValueError) as e:
+        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except (OSError, ValueError, RecursionError) as e:
         raise mt_model_error(name, e)
     return tok, model
 
@@ -141,26 +129,21 @@ def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: s
     """Translate `texts` in batches of similar length (greedy unless --num_beams) and return
     them in the input's order, with the batch size that fitted: on running out of GPU memory
     the batch is halved and tried again. `on_batch(k)` is called after each batch of k."""
-    ids = tok([prefix + t for t in texts], truncation=True, max_length=args.max_source_len)["input_ids"]
+    # cut to 64 characters a token kept before tokenising, as common.clip: a 50 MB line took 7 GB
+    ids = tok([(prefix + t)[:64 * args.max_source_len] for t in texts], truncation=True,
+              max_length=args.max_source_len)["input_ids"]
     # longest first (stable: ties keep the input's order), so a batch that does not fit in
     # memory is met at the start of the chunk; similar lengths waste little on padding
     order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out: list[str] = [""] * len(texts)
     i = 0
     while i < len(order):
         rows = order[i:i + batch_size]
-        width = max(len(ids[r]) for r in rows)
-        x = torch.full((len(rows), width), pad, dtype=torch.long)           # (B, L)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)             # (B, L)
-        for k, r in enumerate(rows):
-            x[k, :len(ids[r])] = torch.tensor(ids[r])
-            mask[k, :len(ids[r])] = 1
+        batch = tok.pad({"input_ids": [ids[r] for r in rows]}, return_tensors="pt").to(device)  # (B, L) each
         gen = None
         try:
             with torch.inference_mode():
-                gen = model.generate(input_ids=x.to(device), attention_mask=mask.to(device),
-                                     num_beams=args.num_beams, do_sample=False,
+                gen = model.generate(**batch, num_beams=args.num_beams, do_sample=False,
                                      max_new_tokens=args.max_new_tokens)       # (B, T)
         except torch.cuda.OutOfMemoryError:
             if batch_size == 1:
@@ -183,13 +166,11 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     for own in (part, meta):        # files of this translation's own: nothing is written through a link
-        if os.path.lexists(own) and not stat.S_ISREG(os.lstat(own).st_mode):
-            what = f"a symbolic link (to {os.readlink(own)})" if own.is_symlink() else "not a regular file"
+        if what := inputs.describe_entry(own) or (own.is_dir() and "a folder"):
             raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
                             f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
-        k = count_lines(out)
-        if k == len(src):
+        if (k := count_lines(out)) == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
             return out
         raise UserError(f"--out {out} exists with {k} lines but --data {args.data} has {len(src)} "
@@ -200,7 +181,10 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
            "max_source_len": args.max_source_len}
     done = 0
     if part.exists():
-        old = json.loads(meta.read_text()) if meta.exists() else None
+        try:
+            old = inputs.read_json_object(meta)
+        except ValueError as e:                          # missing, damaged, nested too deeply
+            old = f"nothing readable ({e})"
         if old != key:
             raise UserError(f"{part} is an unfinished translation of other input or settings "
                             f"({meta} says {old}). Delete both files to start afresh, or rerun "
@@ -252,8 +236,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
                 f.write("".join((t or e) + "\n" for t, e in zip(lines, chunk)))
                 f.flush()
                 os.fsync(f.fileno())
-        secs = time.perf_counter() - t0
-        new = len(src) - done
+        secs, new = time.perf_counter() - t0, len(src) - done
         print(f"translated {new} sentences in {secs:.1f} s ({new / max(secs, 1e-9):.1f} sentences/s)",
               file=sys.stderr)
         if empty:
@@ -262,8 +245,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()                    # the GPU's memory goes back to training
-    n_out = count_lines(part)
-    if n_out != len(src):
+    if (n_out := count_lines(part)) != len(src):
         raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
                         f"translate into it at once?); delete it and {meta} and translate again.")
     os.replace(part, out)
@@ -278,15 +260,12 @@ def failure_marker(out: Path) -> Path:
 
 
 def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Under torchrun, the ranks other than 0 wait for rank 0's translation: polling the file
-    system, not a collective, whose timeout (minutes) is shorter than a translation (hours).
-    The final name appears only once complete; a failure of rank 0 ends the wait with its
-    message (and torchrun stops every rank when one dies)."""
-    rank = world()[0]
-    print(f"rank {rank}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
-    failed = failure_marker(out)
+    """Under torchrun, the ranks other than 0 wait for rank 0's translation by polling the file
+    system (a collective times out in minutes; a translation takes hours); rank 0's failure ends
+    the wait with its message."""
+    print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
     while not out.exists():
-        if failed.exists():
+        if (failed := failure_marker(out)).exists():
             raise UserError(f"rank 0 could not make {out}: {failed.read_text()}")
         time.sleep(poll_s)
 
@@ -301,11 +280,9 @@ def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch
         translate_file(TranslateArgs(data=data, out=str(out), mt_model=mt_model), device)
     except BaseException as e:
         if world_size > 1:
-            try:                                        # never hide e behind a failed note
+            with contextlib.suppress(OSError):          # never hide e behind a failed note
                 out.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
-            except OSError:
-                pass
         raise
 
 
@@ -323,12 +300,14 @@ def translate_command(data: str, out: str | None = None, mt_model: str = "t5-bas
 @dataclass
 class FraternalFile:
     """--fraternal_data of an IFCL run: a file of the user's, or the German file this run makes
-    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`."""
+    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`; `models`:
+    those it loads ({flag: (name, one more way out)}), for common.start to find with the rest."""
     path: Path
     data: str
     mt_model: str
     made_here: bool
     to_make: bool
+    models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
         """After common.start (the flags and --data checked, the run folder held): on the first run
@@ -355,21 +334,19 @@ class FraternalFile:
 
 
 def fraternal_file(args: Any) -> FraternalFile:
-    """ifcl.py's one call for its German side, before common.start, so before any model loads or
-    anything is written. --data is checked first (unless it is a default file common.start
-    downloads): a missing one is named as --data. --fraternal_data left out becomes the file made
-    from --data (default_fraternal_path; args.json records it). A file of the user's must exist
-    and be parallel to --data; one that this run is to make needs a loadable --mt_model, and rank 0
-    removes an earlier launch's failure marker before the ranks meet in common.start. Last, the
-    --fraternal_model that the run loads after the translation is one that can be had (a folder,
-    the cache, the hub: inputs.where_from), said within seconds rather than after hours."""
+    """ifcl.py's one call for its German side, before common.start: --data first (unless a default
+    that start fetches); --fraternal_data left out becomes the file made from --data (args.json
+    records it); a file of the user's exists and is parallel to --data; one to make needs a seq2seq
+    --mt_model, and rank 0 removes an earlier launch's failure marker before the ranks meet. Whether
+    the models can be had at all, start says (german.models) with all else missing, in seconds."""
     if not downloads.fetched_on_first_use(args.data):
         read_sentences(args.data, "--data")       # a missing or unreadable --data, named as such
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     if not args.fraternal_data:                   # made from --data on the first run, then reused
         args.fraternal_data = str(made)
     german = FraternalFile(Path(args.fraternal_data), args.data, args.mt_model,
-                           made_here=args.fraternal_data == str(made), to_make=False)
+                           made_here=args.fraternal_data == str(made), to_make=False,
+                           models={"--fraternal_model": (args.fraternal_model, "")})
     if german.path.is_file():
         if Path(args.data).is_file():             # parallel to --data, line by line
             german.read(len(read_sentences(args.data, "--data")))
@@ -377,10 +354,11 @@ def fraternal_file(args: Any) -> FraternalFile:
         raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
                         f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
-    else:
-        check_mt_model(args.mt_model)             # the first run: the file will be made
+    else:                                         # the first run: the file will be made
         german.to_make = True
-    inputs.where_from(args.fraternal_model, "--fraternal_model")
+        german.models["--mt_model"] = (args.mt_model, ELSEWHERE)
+        if inputs.model_missing(args.mt_model) is None:
+            check_mt_model(args.mt_model)
     inputs.check_model_folder(args.fraternal_model, "--fraternal_model")
     if german.to_make and int(os.environ.get("RANK", "0")) == 0:   # before the ranks meet
         failure_marker(german.path).unlink(missing_ok=True)        # an earlier launch's failure

@@ -6,6 +6,7 @@ local HTTP server."""
 from __future__ import annotations
 
 import http.server
+import json
 import subprocess
 import sys
 import tarfile
@@ -17,7 +18,7 @@ import pytest
 import common
 from common import UserError
 from conftest import ROOT
-from plumbing import downloads
+from plumbing import downloads, inputs
 from tools import download
 
 
@@ -176,3 +177,85 @@ def test_a_failed_download_says_what_to_check_not_to_run_it_again(tmp_path, caps
     assert "the next try fetches it from the start" in err
     assert "download` again" not in err and "python common.py" not in err
     assert not (tmp_path / "d").exists()
+
+
+# -------------------------------------------------------------------------------------
+# The defaults' data/ from any working folder; a run's first use fetches what they name
+# -------------------------------------------------------------------------------------
+
+DEFAULTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import common, conisi, focal_infonce, ifcl, rcl, simcse
+from plumbing import downloads, translation
+from tools import download
+field = lambda cls, name: cls.__dataclass_fields__[name].default
+print(json.dumps({"DATA_DIR": str(downloads.DATA_DIR), "sts_dir": field(common.TrainArgs, "sts_dir"),
+                  **{m.__name__: field(m.Args, "data") for m in (simcse, focal_infonce, ifcl, conisi, rcl)},
+                  "translate": field(translation.TranslateArgs, "data"),
+                  "dest": field(download.DownloadArgs, "dest")}))
+"""
+
+
+@pytest.mark.parametrize("where", ["root", "inside", "elsewhere"])
+def test_the_defaults_name_the_repository_data_from_any_working_folder(where, tmp_path):
+    """From the repository's root they read as the docs write them (args.json, folder names and
+    --help unchanged); from a folder inside it, relative to it; from anywhere else, the clone's
+    data/ by its absolute path (not a second download into the working folder's data/)."""
+    cwd = {"root": ROOT, "inside": ROOT / "tests", "elsewhere": tmp_path}[where]
+    r = subprocess.run([sys.executable, "-c", DEFAULTS, str(ROOT)], cwd=cwd, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    data = {"root": "data", "inside": "../data", "elsewhere": str(ROOT / "data")}[where]
+    assert got == {"DATA_DIR": data, "sts_dir": f"{data}/sts", "simcse": f"{data}/wiki1m_for_simcse.txt",
+                   "focal_infonce": f"{data}/wiki1m_for_simcse.txt", "ifcl": f"{data}/wiki1m_for_simcse.txt",
+                   "conisi": f"{data}/wiki1m_for_simcse.txt", "rcl": f"{data}/nli_for_simcse.csv",
+                   "translate": f"{data}/wiki1m_for_simcse.txt", "dest": data}
+    assert (cwd / got["simcse"]).resolve() == ROOT / "data" / downloads.WIKI1M
+
+
+def test_a_run_fetches_what_its_defaults_name_on_first_use(tmp_path, full_sts, monkeypatch, capsys):
+    """missing_pieces with the hub answering: the STS data and the NLI file the defaults name are
+    fetched into data/ (once: the next run finds them); a model that can be had passes."""
+    srv_root = tmp_path / "srv"
+    srv_root.mkdir()
+    (srv_root / downloads.NLI).write_text("sent0,sent1,hard_neg\na,b,c\n")
+    _senteval_tar(srv_root / downloads.SENTEVAL, full_sts)
+    data = tmp_path / "clone" / "data"
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    monkeypatch.setattr(inputs, "hub_offline", lambda: None)
+    with _Server(srv_root) as srv:
+        monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
+        for _ in range(2):
+            downloads.missing_pieces(data / downloads.NLI, data / "sts", common.check_sts, {})
+        assert srv.counts == {f"/{downloads.SENTEVAL}": 1, f"/{downloads.NLI}": 1}
+    common.check_sts(data / "sts")
+    assert (data / downloads.NLI).read_text() == "sent0,sent1,hard_neg\na,b,c\n"
+    assert sorted(p.name for p in data.iterdir()) == [downloads.NLI, "sts"]
+
+
+def test_a_download_that_fails_is_named_with_the_rest(tmp_path, tiny_bert, monkeypatch):
+    """The hub answers but the file cannot be had: named as a piece, with what the download said
+    and where to place the file by hand, beside every other piece; nothing is left behind."""
+    data = tmp_path / "clone" / "data"
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    monkeypatch.setattr(inputs, "hub_offline", lambda: None)
+    with _Server(tmp_path) as srv:                   # serves no such file
+        monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
+        with pytest.raises(UserError) as e:
+            downloads.missing_pieces(data / downloads.WIKI1M, data / "sts", common.check_sts,
+                                     {"--model": (str(tmp_path / "typo"), "")})
+    msg = str(e.value)
+    assert msg.startswith(f"3 things this run needs cannot be had here: (1) --model {tmp_path / 'typo'}: "
+                          f"no such folder"), msg
+    assert f"(2) --sts_dir {data / 'sts'}: not there, and its download failed (could not download " \
+        f"{srv.url}/{downloads.SENTEVAL}: HTTP Error 404" in msg
+    assert f"(3) --data {data / downloads.WIKI1M}: not there, and its download failed (could not " \
+        f"download {srv.url}/{downloads.WIKI1M}: HTTP Error 404" in msg
+    assert msg.endswith("Run `python tools/download.py --what wiki1m` where the network reaches "
+                        "huggingface.co, or put the file there.")
+    assert not (tmp_path / "clone").exists()
+    # a path of the user's that is not there is a typo, named alone by the checks that follow
+    downloads.missing_pieces(tmp_path / "mine.txt", data / "sts", common.check_sts,
+                             {"--model": (str(tmp_path / "typo"), "")})

@@ -704,7 +704,7 @@ def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_pat
     stale.write_text("an earlier launch failed")
     seen = []
 
-    def start(args):                                 # common.start() ends with the barrier
+    def start(args, models=None):                    # common.start() ends with the barrier
         seen.append(stale.exists())
         raise RuntimeError("stop here")
     monkeypatch.setattr(common, "start", start)

@@ -2,7 +2,10 @@
 first. A folder passes; a path that is no folder is named with the folders beside it; a hub name
 that is not in the local Hugging Face cache, with the hub unreachable or HF_HUB_OFFLINE=1, is
 refused in one line within seconds (why, and what to do), before anything is written; a cached
-one loads from the cache with no network retries.
+one loads from the cache with no network retries (one failed request switches the libraries'
+offline mode on for the process). Offline, a run names every piece it cannot have at once: the
+data its defaults name and every model. A model folder whose JSON nests too deeply to read is
+named in one line too.
 
 The hub is made unreachable without the network: HF_ENDPOINT (or, in this process,
 huggingface_hub's constants) points at a port of 127.0.0.1 that nobody listens on, and the
@@ -32,7 +35,7 @@ import rcl
 import simcse
 from common import UserError
 from conftest import ENV, ROOT
-from plumbing import inputs
+from plumbing import downloads, inputs
 from tools import bench, compare, translate
 from tools import eval as eval_tool
 
@@ -65,9 +68,9 @@ def hub(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    inputs._ask_hub.cache_clear()
+    inputs.hub_offline.cache_clear()
     yield cache
-    inputs._ask_hub.cache_clear()
+    inputs.hub_offline.cache_clear()
 
 
 def unreachable_env(tmp_path: Path, port: int) -> dict[str, str]:
@@ -85,12 +88,13 @@ def test_a_hub_name_neither_cached_nor_reachable_is_refused_at_once_in_one_line(
     with pytest.raises(UserError) as e:
         inputs.where_from(NOBODY)
     assert time.perf_counter() - t < inputs.HUB_WAIT_S
-    port = constants.ENDPOINT.rsplit(":", 1)[1]
     assert str(e.value) == (
         f"--model {NOBODY}: neither a folder here nor in the local Hugging Face cache, and the hub cannot "
-        f"be reached (127.0.0.1:{port} refused the connection). Connect, or pass a local folder made where "
-        f"the hub is reachable: `hf download {NOBODY} --local-dir models/nothing`, then --model "
-        f"models/nothing. With HF_HUB_OFFLINE=1 every hub lookup uses the cache at once.")
+        f"be reached ({constants.ENDPOINT}: [Errno 111] Connection refused). Connect to download it, or pass "
+        f"a local folder made where the hub is reachable: `hf download {NOBODY} --local-dir models/nothing`, "
+        f"then --model models/nothing. With HF_HUB_OFFLINE=1 the hub is not asked.")
+    # the process went offline: the libraries read their cache from now on, with no retries
+    assert constants.HF_HUB_OFFLINE is True
 
 
 def test_offline_mode_is_named_and_how_to_leave_it(hub, monkeypatch):
@@ -104,21 +108,19 @@ def test_offline_mode_is_named_and_how_to_leave_it(hub, monkeypatch):
         f"then --baseline models/nothing.")
 
 
-def test_a_cached_model_is_read_from_the_cache_alone_when_the_hub_cannot_be_asked(hub, tiny_bert,
-                                                                                   monkeypatch):
+def test_a_cached_model_can_be_had_when_the_hub_cannot_be_asked(hub, tiny_bert, monkeypatch):
     cache_model(hub, "someone/tiny", tiny_bert)
-    assert inputs.where_from("someone/tiny") == {"local_files_only": True}
+    assert inputs.model_missing("someone/tiny") is None and constants.HF_HUB_OFFLINE is True
+    inputs.hub_offline.cache_clear()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert inputs.where_from("someone/tiny") == {"local_files_only": True}
-    # a typo of it: the cache's look-alike is named
-    with pytest.raises(UserError, match=r"^--model someone/tine: neither a folder here nor in the local "
-                                        r"Hugging Face cache \(which holds someone/tiny\), and "):
-        inputs.where_from("someone/tine")
+    assert inputs.model_missing("someone/tiny") is None
+    assert inputs.model_missing("someone/tine").startswith("--model someone/tine: neither a folder here "
+                                                           "nor in the local Hugging Face cache, and ")
 
 
 def test_a_folder_passes_and_a_path_that_is_none_is_named_with_what_is_beside_it(hub, tmp_path, tiny_bert,
                                                                                   monkeypatch):
-    assert inputs.where_from(str(tiny_bert)) == {}
+    inputs.where_from(str(tiny_bert))
     (tmp_path / "models" / "all-MiniLM-L6-v2").mkdir(parents=True)
     (tmp_path / "models" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
@@ -127,11 +129,10 @@ def test_a_folder_passes_and_a_path_that_is_none_is_named_with_what_is_beside_it
                                      r"folder of a saved model \(config\.json, its weights and tokenizer\), "
                                      r"or a hub name\.$",
         "a/b/c": r"no such folder \(there is no folder a either\)\. Pass the folder",
-        "models/config.json": r"is a file; pass the folder of a saved model",
-        # a hub name by its form, but models/ is a folder here: a mistyped folder, said as one
+        "models/config.json": r"is a file\. Pass the folder of a saved model",
+        # a hub name by its form, but models/ is a folder here: the folders beside it are named too
         "models/all-MiniLM-L6-v3": r"neither a folder here \(did you mean models/all-MiniLM-L6-v2\?\) nor "
-                                   r"in the local Hugging Face cache, and the hub cannot be reached \(.*\)\. "
-                                   r"Pass the folder of a saved model",
+                                   r"in the local Hugging Face cache, and the hub cannot be reached ",
     }
     for name, msg in cases.items():
         with pytest.raises(UserError, match=rf"^--model {name}: {msg}"):
@@ -155,8 +156,8 @@ def test_a_hub_that_answers_is_left_to_transformers_and_asked_once_a_process(hub
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-        assert inputs.where_from(NOBODY) == {} and inputs.where_from("bert-base-uncased") == {}
-        assert _Hub.asked == 1
+        assert inputs.model_missing(NOBODY) is None and inputs.model_missing("bert-base-uncased") is None
+        assert _Hub.asked == 1 and constants.HF_HUB_OFFLINE is False
     finally:
         server.shutdown()
         server.server_close()
@@ -168,23 +169,10 @@ def test_a_hub_that_does_not_answer_counts_as_unreachable_after_a_few_seconds(hu
         s.listen()
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{s.getsockname()[1]}")
         t = time.perf_counter()
-        with pytest.raises(UserError, match=r"the hub cannot be reached \(127\.0\.0\.1:\d+ did not answer "
-                                            r"within 3 s\)"):
+        with pytest.raises(UserError, match=r"the hub cannot be reached \(http://127\.0\.0\.1:\d+: timed "
+                                            r"out\)"):
             inputs.where_from(NOBODY)
         assert time.perf_counter() - t < inputs.HUB_WAIT_S + 3
-
-
-def test_the_reason_in_a_few_words():
-    def raised(cause: BaseException) -> Exception:
-        e = RuntimeError("the client's own words")
-        e.__cause__ = cause
-        return e
-    assert inputs._network_words(raised(socket.gaierror(-2, "Name or service not known")), "hf.co") == \
-        "hf.co does not resolve: no network, or no DNS"
-    assert inputs._network_words(raised(ConnectionRefusedError(111, "refused")), "hf.co") == \
-        "hf.co refused the connection"
-    assert inputs._network_words(raised(OSError(113, "No route to host")), "hf.co") == \
-        "hf.co: No route to host"
 
 
 # -------------------------------------------------------------------------------------
@@ -268,6 +256,86 @@ def test_conisi_checks_its_files_before_its_model(tmp_path, tiny_bert, small_sts
     assert line.startswith(f"error: --data {tmp_path / 'missing'}: ")
 
 
+def test_offline_a_run_names_every_missing_piece_at_once(tmp_path, monkeypatch, capsys):
+    """`python simcse.py` on a fresh clone with no network: the STS data, the training file and the
+    model, each with what to place where, in one line; nothing is written, not even data/."""
+    data = tmp_path / "clone" / "data"             # the clone's data/, as the flags' defaults name it
+    monkeypatch.setattr(downloads, "DATA_DIR", data)
+    argv = ["--data", data / downloads.WIKI1M, "--sts_dir", data / "sts", "--model", NOBODY,
+            "--output_dir", tmp_path / "run"]
+    line = one_error_line(simcse.main, argv, capsys)
+    assert line.startswith(f"error: 3 things this run needs cannot be had here: (1) --model {NOBODY}: "
+                           f"{OFFLINE} Unset HF_HUB_OFFLINE to download it, or pass a local folder made "
+                           f"where the hub is reachable: `hf download {NOBODY} --local-dir models/nothing`, "
+                           f"then --model models/nothing. "), line
+    assert f"(2) --sts_dir {data / 'sts'}: not there, and HF_HUB_OFFLINE=1 keeps the hub from being asked. " \
+        f"Run `python tools/download.py --what sts` where the network reaches huggingface.co, or put " \
+        f"SentEval's STS/ and SICK/ folders there. (3) --data {data / downloads.WIKI1M}: not there, and " \
+        f"HF_HUB_OFFLINE=1 keeps the hub from being asked. Run `python tools/download.py --what wiki1m` " \
+        f"where the network reaches huggingface.co, or put the file there." in line, line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "clone").exists()
+
+
+def test_ifcl_offline_names_its_three_models_at_once(tmp_path, small_sts, parallel, capsys):
+    """IFCL's first run needs --model, --fraternal_model and the --mt_model that makes its German
+    file: one line names the three, the MT model with how to make the file elsewhere."""
+    argv = ["--model", NOBODY, "--fraternal_model", "nobody/fraternal", "--mt_model", "nobody/mt",
+            "--data", parallel / "en.txt", "--sts_dir", small_sts, "--output_dir", tmp_path / "run",
+            "--cache_dir", tmp_path / "c"]
+    line = one_error_line(ifcl.main, argv, capsys)
+    assert line.startswith(f"error: 3 things this run needs cannot be had here: (1) --model {NOBODY}: "
+                           f"{OFFLINE} "), line
+    assert f" (2) --fraternal_model nobody/fraternal: {OFFLINE} " in line and line.endswith(
+        "then --mt_model models/mt. Translating --data needs it once (the German file is kept and reused); "
+        "the file can be made on another machine: `python tools/translate.py --data DATA --out FILE`, then "
+        "--fraternal_data FILE."), line
+    assert " (3) --mt_model nobody/mt: " in line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
+
+
+# -------------------------------------------------------------------------------------
+# A model folder whose JSON nests too deeply to read (Python's parser: RecursionError)
+# -------------------------------------------------------------------------------------
+
+def too_deep(folder: Path, name: str, dest: Path) -> Path:
+    """A copy of model `folder` whose file `name` is 100,000 nested lists: valid JSON no parser
+    of Python reads."""
+    shutil.copytree(folder, dest)
+    (dest / name).write_text("[" * 100_000 + "]" * 100_000)
+    return dest
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_model_whose_json_nests_too_deeply_is_named_in_one_line(name, tmp_path, tiny_bert, tiny_mt,
+                                                                  small_sts, corpus, parallel, tiny_mbert,
+                                                                  capsys):
+    deep = too_deep(tiny_bert, name, tmp_path / "deep")
+    # a script checks a local folder's files before anything is written
+    argv = base_flags("simcse", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
+    line = one_error_line(simcse.main, argv + ["--model", deep], capsys)
+    assert line == f"error: --model {deep}: {deep / name} is cut short or damaged (not JSON: nested too " \
+        f"deeply to read). Save or download the model again, or give another folder.", line
+    assert not (tmp_path / "run").exists()
+    # where transformers reads it: the encoder of tools/eval.py, the MT model of a translation
+    line = one_error_line(eval_tool.main, ["--model", deep, "--sts_dir", small_sts], capsys)
+    assert line.startswith(f"error: --model {deep}: could not load it (maximum recursion depth "), line
+    mt = too_deep(tiny_mt, name, tmp_path / "deep_mt")
+    line = one_error_line(translate.main, ["--data", parallel / "en.txt", "--mt_model", mt,
+                                           "--out", tmp_path / "de.txt"], capsys)
+    assert line.startswith(f"error: --mt_model {mt}: could not load it as a seq2seq model (maximum "
+                           f"recursion depth exceeded"), line
+    assert not list(tmp_path.glob("de.txt*"))
+
+
+def test_a_weights_index_that_is_no_index_is_named(tmp_path, tiny_bert):
+    """model.safetensors.index.json is JSON, but no object of shards: named, not a traceback."""
+    folder = shutil.copytree(tiny_bert, tmp_path / "m")
+    for text in ("[]", "{}", '{"weight_map": [1]}'):
+        (folder / "model.safetensors.index.json").write_text(text)
+        assert inputs.model_folder_problem(folder).startswith(
+            f"{folder / 'model.safetensors.index.json'} is not an index of weights ("), text
+
+
 # -------------------------------------------------------------------------------------
 # As a user meets it: a command of its own, the hub unreachable, no offline mode
 # -------------------------------------------------------------------------------------
@@ -281,8 +349,9 @@ def test_a_command_offline_fails_in_seconds_with_no_retry_lines(tmp_path, small_
     seconds = time.perf_counter() - t
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"error: --model {NOBODY}: neither a folder here nor in the local Hugging "
-                               f"Face cache, and the hub cannot be reached (127.0.0.1:{port} refused the "
-                               f"connection). Connect, or pass a local folder"), r.stderr
+                               f"Face cache, and the hub cannot be reached (http://127.0.0.1:{port}: [Errno "
+                               f"111] Connection refused). Connect to download it, or pass a local "
+                               f"folder"), r.stderr
     assert seconds < 30, f"{seconds:.0f} s (the libraries' retries take about 25 s)"
 
 

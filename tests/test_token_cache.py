@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import common
-from conftest import EnglishLike
+from conftest import ENV, ROOT, EnglishLike
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +101,66 @@ def test_a_cache_that_is_not_whole_and_its_own_is_tokenised_again(tiny_bert, tex
     assert np.array_equal(common.tokenize(tok, texts, 16, cache_dir).ids, again.ids)   # read back whole
 
 
-def test_what_a_killed_process_left_is_removed_at_the_next_write(tiny_bert, texts, tmp_path):
-    """A full-size temporary file, left by a kill -9 inside the cache's write (its process is gone);
-    one of a live process (another rank writing) stays."""
+def test_what_a_killed_process_left_is_removed_at_the_next_write(tiny_bert, texts, tmp_path, monkeypatch):
+    """The cache is written through atomic_writes.write_atomic, whose temporary file is named by
+    its process (.tok-KEY.npz.PID.tmp): a full-size one left by a kill -9 inside the write (its
+    process is gone) is removed at the next write; one of a live process (another rank writing)
+    stays; a write that completes leaves none."""
     from transformers import AutoTokenizer
+
+    from plumbing import inputs
     tok, cache_dir = AutoTokenizer.from_pretrained(str(tiny_bert)), tmp_path / "cache"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     cache_dir.mkdir()
-    left = cache_dir / f".tok-{'0' * 32}.{gone}.tmp.npz"
-    alive = cache_dir / f".tok-{'1' * 32}.{os.getpid()}.tmp.npz"
+    left = cache_dir / f".tok-{'0' * 32}.npz.{gone}.tmp"
+    alive = cache_dir / f".tok-{'1' * 32}.npz.{os.getpid()}.tmp"
     for p in (left, alive):
         p.write_bytes(b"\0" * 4096)
+    written, write_atomic = [], inputs.write_atomic
+    monkeypatch.setattr(inputs, "write_atomic", lambda path, write: (written.append(path),
+                                                                     write_atomic(path, write)))
     common.tokenize(tok, texts, 16, cache_dir)
     assert not left.exists() and alive.exists()
+    assert written == list(cache_dir.glob("tok-*.npz")) and len(written) == 1
+    assert sorted(p.name for p in cache_dir.glob(".*")) == [alive.name]
+
+
+# the steps of a run that read --data and the STS sentences, in a process of their own: --data read,
+# tokenised (through the cache) and encoded as the STS evaluation encodes (make_encode)
+READ_AND_ENCODE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import common
+from plumbing import inputs
+from transformers import AutoModel, AutoTokenizer
+tok, enc = AutoTokenizer.from_pretrained(sys.argv[2]), AutoModel.from_pretrained(sys.argv[2])
+texts = inputs.read_sentences(sys.argv[3])
+common.tokenize(tok, texts, 32, sys.argv[4])
+common.make_encode(enc, tok, "cls_before_pooler")(texts)
+"""
+# its peak memory (KB), measured from outside: the process that waited for it
+PEAK = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def test_one_huge_line_costs_memory_of_its_size_not_of_its_tokens(tiny_bert, tiny_mt, texts, tmp_path):
+    """A 50 MB line in --data, or among the STS sentences, is tokenised as at most 64 characters a
+    token the model keeps (common.clip; a translation's source the same way): its run takes memory
+    of the line's size (read, hashed for the cache), not the 7 GB its millions of tokens took."""
+    words = " ".join(texts).split()
+    huge = " ".join(words[i % len(words)] for i in range(9_000_000))[:50_000_000]     # one 50 MB line
+    peaks = {}
+    for name, lines in (("small", texts), ("huge", [*texts, huge])):
+        data = tmp_path / f"{name}.txt"
+        data.write_text("\n".join(lines) + "\n")
+        for step, argv in (("read and encode", ["-c", READ_AND_ENCODE, str(ROOT), str(tiny_bert), str(data),
+                                                str(tmp_path / name)]),
+                           ("translate", [str(ROOT / "tools" / "translate.py"), "--data", str(data),
+                                          "--mt_model", str(tiny_mt), "--out", str(data) + ".de"])):
+            r = subprocess.run([sys.executable, "-c", PEAK, sys.executable, *argv], capture_output=True,
+                               text=True, timeout=600, env=ENV)
+            assert r.returncode == 0, r.stderr
+            peaks[step, name] = int(r.stdout) / 1024                  # MB
+    for step in ("read and encode", "translate"):    # 50 MB of text; unclipped, 7 GB more each
+        assert peaks[step, "huge"] - peaks[step, "small"] < 250, peaks

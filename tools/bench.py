@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = args.tokenizer or (args.config if Path(args.config).is_dir() else "")
     if args.sts_dir:        # the STS timing's data and tokenizer, checked before minutes of timing
         check_sts_dir(args.sts_dir)
-        where = inputs.where_from(tokenizer, "--tokenizer") if tokenizer else {}
+        if tokenizer:
+            inputs.where_from(tokenizer, "--tokenizer")
     n = args.batch_size * (args.steps + args.warmup)
     rng = np.random.default_rng(args.seed)
     _, columns, reads = build(args.method, AutoModel.from_config(cfg), cfg, args)   # to learn the columns
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         from transformers import AutoTokenizer
         enc = AutoModel.from_config(cfg, attn_implementation="sdpa").to(device)
         t = time.perf_counter()
-        common.evaluate_sts(common.make_encode(enc, AutoTokenizer.from_pretrained(tokenizer, **where),
+        common.evaluate_sts(common.make_encode(enc, AutoTokenizer.from_pretrained(tokenizer),
                                                "cls_before_pooler"), args.sts_dir)
         print(f"7 STS tasks evaluated in {time.perf_counter() - t:.1f} s")
 

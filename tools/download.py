@@ -30,7 +30,8 @@ from plumbing import downloads  # noqa: E402
 
 @dataclass
 class DownloadArgs:
-    dest: str = arg("data", "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and sts/")
+    dest: str = arg(str(downloads.DATA_DIR), "where to put wiki1m_for_simcse.txt, nli_for_simcse.csv and "
+                    "sts/ (the repository's data/, from any working folder)")
     base_url: str = arg(downloads.UPSTREAM, "where the files are served (a mirror, or a local server "
                         "in tests)", "official code")
     what: list[str] = arg(["wiki1m", "nli", "sts"], "which of wiki1m, nli, sts to fetch",
