@@ -404,8 +404,9 @@ TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "ST
 
 def _norm(s: str) -> str:
     # SentEval splits on whitespace and joins again: the files are already tokenised, and a
-    # sentence is neither lowercased nor cut to the training max_len
-    return " ".join(s.split())
+    # sentence is neither lowercased nor cut to the training max_len (only, as clip() does, to what
+    # no encoder's positions reach: one huge line costs no more memory than a long one)
+    return " ".join(s[:CHARS_PER_TOKEN * 4096].split())
 
 
 def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:

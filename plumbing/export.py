@@ -12,6 +12,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from plumbing.atomic_writes import atomic_dir
+from plumbing.downloads import in_data
 from plumbing.inputs import max_positions
 
 ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}   # the poolers it has a module for
@@ -55,7 +56,7 @@ def tool(name: str) -> str:
 def what_next(best: Path, model: str, pooler: str, sts_dir: str) -> str:
     """The end of a run: where its best model is, and the commands to run next (from the working folder)."""
     q = shlex.quote
-    sts = "" if Path(sts_dir) == Path("data/sts") else f" --sts_dir {q(sts_dir)}"
+    sts = "" if Path(sts_dir) == Path(in_data("sts")) else f" --sts_dir {q(sts_dir)}"
     # Python inside the shell's single quotes: its strings in double quotes
     folder, pair = json.dumps(str(best)), '["A man is playing a guitar.", "Someone plays music."]'
     if (best / "modules.json").is_file():          # written for the poolers sentence-transformers has

@@ -24,26 +24,18 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from plumbing.atomic_writes import (
-    atomic_dir,
-    no_follow,
-    recover_dir,
-    sha256_file,
-    sync_to_disk,
-    unshared,
-    write_text_atomic,
-)
+from plumbing import atomic_writes
+from plumbing.atomic_writes import atomic_dir, no_follow, recover_dir, sha256_file, write_text_atomic
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, default_output_dir, script_name
-from plumbing.inputs import model_folder_problem, read_json_object
+from plumbing.inputs import describe_entry, model_folder_problem, read_json_object
 from plumbing.ranks import barrier, world
 
 try:
@@ -114,22 +106,12 @@ def another_folder(out: Path) -> Path:
     return next(p for k in range(2, 10**6) if not (p := out.with_name(f"{out.name}-{k}")).exists())
 
 
-def describe(path: Path) -> str | None:
-    """What `path` is if it is neither a file nor a folder: a run writes through no link, and trusts
-    no pipe or device in its place."""
-    mode = os.lstat(path).st_mode
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
-        "not a file or a folder (a pipe, a device or a socket)"
-
-
 def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
     """The first entry of `folder` that no run of this project writes there, in a few words; None
     when each is one (last/ holds its two files, code/ .py copies; another folder is a stage)."""
     for entry in sorted(folder.iterdir()):
         name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
-        if (what := describe(entry)) is not None:
+        if (what := describe_entry(entry)) is not None:
             return f"{entry} is {what}"
         inside = {"last": {"state.pt", CHECKSUM}, CODE: {p.name for p in entry.glob("*.py")}}.get(name)
         if name in allowed and inside is not None and entry.is_dir():
@@ -190,7 +172,6 @@ class RunFolder:
                     self.out.mkdir(parents=True)
                 except OSError as e:
                     raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
-            lock_file = not os.path.lexists(self.out / LOCK)
             try:
                 self.hold()
                 self.refuse_unless_ours(made)
@@ -199,8 +180,6 @@ class RunFolder:
                 self.release()
                 if made:
                     shutil.rmtree(self.out, ignore_errors=True)
-                elif lock_file and self.record is None:     # a file system without folder locks
-                    (self.out / LOCK).unlink(missing_ok=True)
                 raise
             recover_dir(self.out / "best")
             recover_dir(self.out / "last")
@@ -209,25 +188,20 @@ class RunFolder:
 
     def hold(self) -> None:
         """A flock on the folder itself, which the system drops when the process ends however it ends
-        (kill -9 too), so that a dead run blocks no --resume, and a deleted run.lock frees nothing. A
-        file system that cannot lock a folder (NFS) locks run.lock. NOTE(ours): Windows: no lock."""
-        if fcntl is None:
-            return
+        (kill -9 too): a dead run blocks no --resume, and a deleted run.lock frees nothing.
+        NOTE(ours): where a folder cannot be locked (Windows, NFS) the run goes on unlocked."""
         try:
-            for path, flags in ((self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)),
-                                (self.out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))):
-                self.lock = os.open(path, flags)
-                try:
-                    return fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    self.release()
-                    break
-                except OSError:                 # this file system cannot lock it: the next
-                    self.release()
-            else:
-                return                          # nothing here can be locked
+            self.lock = os.open(self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except OSError as e:
             raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
+        try:
+            if fcntl is not None:
+                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            self.release()
+        except OSError:
+            return
 
         def holder() -> str:
             with open(self.out / LOCK, opener=no_follow) as f:
@@ -250,7 +224,7 @@ class RunFolder:
                 raise UserError(f"--resume: no run in {out} to continue. Run without --resume to start, "
                                 f"or point --output_dir at the earlier run.")
             return
-        if not out.is_dir() or describe(out) is not None:
+        if not out.is_dir() or describe_entry(out) is not None:
             raise UserError(f"--output_dir {out}: is a file; it must be a folder (the run folder). Pass a "
                             f"new folder's path, or that of a run to --resume.")
         if "code" not in read_record(out / "run.json") if (out / "run.json").is_file() else \
@@ -301,7 +275,7 @@ class RunFolder:
     def write_record(self) -> None:
         """Who holds the folder (run.lock: a full disk refuses the run at its first write), then for a
         new run run.json, code/ and args.json last (a folder with args.json holds the whole record)."""
-        if self.lock is not None and os.fstat(self.lock).st_ino == os.stat(self.out).st_ino:
+        if self.lock is not None:
             try:
                 write_text_atomic(self.out / LOCK, f"process {os.getpid()} "
                                   f"({shlex.join([Path(sys.executable).name] + sys.argv)})\n")
@@ -374,14 +348,19 @@ class RunFolder:
     def write(self, record: dict) -> None:
         """One record of metrics.jsonl, appended to this name's own file."""
         if self.main:
-            with writing(str(self.log), self.kept), open(unshared(self.log), "a", opener=no_follow) as f:
+            with writing(str(self.log), self.kept), self.own_log("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def own_log(self, mode: str):
+        """metrics.jsonl opened to be written in place: this name's alone (a hard-linked copy keeps its
+        content), never through a link."""
+        return open(atomic_writes.unshared(self.log), mode, opener=no_follow)
 
     def save_last(self, state: dict) -> None:
         """last/, the one commit point: `state` (train()'s checkpoint) with the log's length, the log
         synced first (a resume cuts the log back there), its SHA-256 beside it; swapped in whole."""
         with writing(str(self.log), self.kept):
-            sync_to_disk(self.log)
+            atomic_writes.sync_to_disk(self.log)
         state = {**state, "log_bytes": self.log.stat().st_size}
         with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
             with open(tmp / "state.pt", "wb") as f:
@@ -417,12 +396,9 @@ class RunFolder:
             f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > {CHECKSUM}` in "
             f"{last.parent}); else train the run again in another --output_dir.")
         digest = _try(lambda: (recorded.read_bytes().split() or [b""])[0])
-        if digest is None:
-            raise UserError(f"{recorded} is missing, so {last} cannot be shown whole; both are left as they "
-                            f"are. {whole}")
-        if not re.fullmatch(rb"[0-9a-f]{64}", digest):
-            raise UserError(f"{recorded}: not a SHA-256 line (empty, or damaged), so {last} cannot be "
-                            f"checked against it; both are left as they are. {whole}")
+        if digest is None or not re.fullmatch(rb"[0-9a-f]{64}", digest):
+            raise UserError(f"{recorded}: missing, or not a SHA-256 line, so {last} cannot be shown whole; "
+                            f"both are left as they are. {whole}")
         if digest.decode() != sha256_file(last):       # damaged on the disk, or replaced: not unpickled
             raise UserError(self.damaged(last, f"its SHA-256 is not the one in {CHECKSUM}, written with it: "
                                                f"damaged on the disk, or replaced"))
@@ -485,10 +461,11 @@ class RunFolder:
         saved = _try(lambda: read_json_object(folder / "dev_metrics.json"))
         if saved is None:
             return f"{folder / 'dev_metrics.json'} is missing or damaged"
-        if saved.get("step") != best_step or saved.get("stsb_dev") != best:
-            return f"it holds the model of step {saved.get('step')}, not of step {best_step}"
         if diffs := self.not_mine(saved.get("run")):
             return f"it is another run's model ({', '.join(diffs[:3])})"
+        if saved.get("step") != best_step or saved.get("stsb_dev") != best:
+            return f"it holds the model of step {saved.get('step')} (STS-B dev {saved.get('stsb_dev')}), " \
+                   f"not of step {best_step} ({best})"
         return None
 
     def verified_best(self, best_step: int, best: float) -> Path:
@@ -503,19 +480,12 @@ class RunFolder:
         trained again go), and a last line cut short dropped: the next record starts a line of its own."""
         if not os.path.lexists(self.log):
             return
-        with writing(str(self.log), self.kept), open(unshared(self.log), "rb+", opener=no_follow) as f:
-            now = os.fstat(f.fileno()).st_size
-            if now < size:
+        with writing(str(self.log), self.kept), self.own_log("rb+") as f:
+            log = f.read()
+            if len(log) < size:
                 print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
                       f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
-            keep = min(size, now)
-            while keep > 0:                    # back to the end of the last whole line
-                f.seek(start := max(0, keep - 4096))
-                tail = f.read(keep - start)
-                keep = start + tail.rindex(b"\n") + 1 if b"\n" in tail else start
-                if b"\n" in tail:
-                    break
-            os.ftruncate(f.fileno(), keep)
+            f.truncate(log.rfind(b"\n", 0, size) + 1)
 
     def damaged(self, last: Path, e: Exception | str) -> str:
         """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
@@ -545,16 +515,11 @@ def _try(read: Any) -> Any:
 
 
 def kept_in(folder: Path, step: int | None = None) -> str:
-    """What a failed write leaves intact in a run folder or a stage: last/ and its step (read from
-    state.pt once its checksum shows it whole), and beside a stage, the stages complete."""
+    """What a failed write leaves intact in a run folder or a stage: last/ (its step, once this
+    process wrote or read it), and beside a stage, the stages complete."""
     last = folder / "last" / "state.pt"
     if step is None and last.is_file():
-        try:
-            if last.with_name(CHECKSUM).read_text().split()[0] != sha256_file(last):
-                raise ValueError("damaged")
-            step = torch.load(last, map_location="cpu", mmap=True, weights_only=True)["step"]
-        except Exception:
-            return f"{last.parent} is as it was"
+        return f"{last.parent}, the last checkpoint, is as it was"
     kept = f"the last complete checkpoint, step {step}, is intact in {last.parent}" if step is not None \
         else NO_CHECKPOINT
     if not (folder.parent / "run.json").is_file():            # the run itself, not a stage of it

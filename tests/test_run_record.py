@@ -317,8 +317,8 @@ def test_a_checkpoint_without_a_checksum_is_refused_until_one_vouches_for_it(
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 2, err[-3000:]
     message = _one_line_error(err)
-    assert f"{out / 'last' / run_folder.CHECKSUM} is missing, so {out / 'last' / 'state.pt'} cannot be " \
-           f"shown whole" in message, message
+    assert f"{out / 'last' / run_folder.CHECKSUM}: missing, or not a SHA-256 line, so " \
+           f"{out / 'last' / 'state.pt'} cannot be shown whole" in message, message
     command = re.search(r"`(sha256sum state\.pt > state\.pt\.sha256)` in (\S+)\)", message)
     assert command and Path(command[2]) == out / "last", message
     assert _tree(out) == before
@@ -424,9 +424,9 @@ def _float_rng(out: Path) -> None:
 # what a damaged part of a run's record does to --resume: (the damage, the file the line names and how)
 RECORDS = {
     "a state.pt.sha256 that is not UTF-8": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(
-        b"\xff\xfe\x00 state.pt\n"), f"last/{run_folder.CHECKSUM}: not a SHA-256 line"),
+        b"\xff\xfe\x00 state.pt\n"), f"last/{run_folder.CHECKSUM}: missing, or not a SHA-256 line"),
     "an emptied state.pt.sha256": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(b""),
-                                   f"last/{run_folder.CHECKSUM}: not a SHA-256 line"),
+                                   f"last/{run_folder.CHECKSUM}: missing, or not a SHA-256 line"),
     "an RNG state that is a float tensor": (_float_rng, "last/state.pt: not a checkpoint of this run ("),
     "args.json cut short": (lambda out: _cut(out / "args.json"), "args.json: cut short or damaged ("),
     "run.json cut short": (lambda out: _cut(out / "run.json"), "run.json: cut short or damaged ("),
@@ -733,7 +733,7 @@ def _fail_cache(monkeypatch, out: Path) -> str:
     def savez(*a, **k):
         raise _no_space()
     monkeypatch.setattr(np, "savez", savez)
-    return f"{ENOSPC}. the last complete checkpoint, step 2, is intact"
+    return f"{ENOSPC}. {out / 'last'}, the last checkpoint, is as it was"
 
 
 FAILS = {"last/": _fail_last, "best/": _fail_best, "metrics.jsonl": _fail_log, "the token cache": _fail_cache}

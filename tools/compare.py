@@ -86,7 +86,7 @@ class Args:
     baseline: str = arg("", "also evaluate this untrained encoder (hub name or folder), as the first row")
     pooler: str = arg("cls_before_pooler", "pooler of the --baseline row", "SimCSE official code",
                       choices=POOLERS)
-    sts_dir: str = arg("data/sts", "STS/ and SICK/ for the --baseline row (SentEval's layout)")
+    sts_dir: str = arg(common.in_data("sts"), "STS/ and SICK/ for the --baseline row (SentEval's layout)")
     batch_size: int = arg(128, "sentences per forward pass of the --baseline evaluation", ge=1)
     markdown: str = arg("", "also write the table as Markdown to this file (for the README)")
     plot: str = arg("", "draw into this image (.png, .pdf or .svg; needs matplotlib) each run's STS-B "

@@ -34,7 +34,7 @@ class EvalArgs:
     model: str = arg("bert-base-uncased", "hub name or local folder of any Hugging Face encoder")
     pooler: str = arg("cls_before_pooler", "how a sentence vector is read off the encoder",
                       "SimCSE official code", choices=POOLERS)
-    sts_dir: str = arg("data/sts", "folder with STS/ and SICK/ in SentEval's layout")
+    sts_dir: str = arg(common.in_data("sts"), "folder with STS/ and SICK/ in SentEval's layout")
     split: str = arg("test", "test = the 7 tasks; dev = STS-B dev and SICK-R trial", choices=["test", "dev"])
     tasks: list[str] = arg([], "a subset of the split's tasks (default: all of them)", choices=STS_TASKS)
     batch_size: int = arg(128, "sentences per forward pass", ge=1)
