@@ -11,11 +11,13 @@ What it adds to SimCSE:
 
 Run:
   python ifcl.py                           # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
-  python ifcl.py --model sentence-transformers/all-MiniLM-L6-v2 --no_fraternal --max_steps 20 \\
-      --eval_every 10                      # a quick CPU run: a small encoder, no German needed
+  M=sentence-transformers/all-MiniLM-L6-v2; python ifcl.py --model $M --fraternal_model $M \\
+      --data data/multi30k/train.en --fraternal_data data/multi30k/train.de --max_steps 40 \\
+      --eval_every 10 --pooler cls_before_pooler   # a CPU run: English-German pairs (README)
   python ifcl.py --no_queue                # an ablation: Tab. 2 "w/o HQ"
-The first run translates --data into German with --mt_model (t5-base), into
-data/wiki1m_for_simcse.de.t5-base.txt beside it, then trains; later runs reuse that file
+The default needs three models from the hub (t5-base, mBERT, bert-base), and its first run translates
+the 1M sentences into German with t5-base (not timed on a CPU: a GPU is the place for it) into
+data/wiki1m_for_simcse.de.t5-base.txt, then trains; later runs reuse that file
 (`python tools/translate.py` makes it alone; --fraternal_data takes one made elsewhere).
 
 docs/ifcl.md: the paper's rows, each with its command; the German file; where the code departs

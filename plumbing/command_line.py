@@ -6,6 +6,7 @@ whatever happens."""
 from __future__ import annotations
 
 import errno
+import re
 import signal
 import sys
 import threading
@@ -56,10 +57,11 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     except OSError as e:            # what could not be read or opened, whatever the reason
         end(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
             f"{'. Raise the limit: ulimit -n 4096' if e.errno in (errno.EMFILE, errno.ENFILE) else ''}.", 2)
-    except torch.distributed.DistError if torch.distributed.is_available() else ():
-        if world()[0] == 0:
+    except RuntimeError as e:       # under torchrun: a collective that lost the process at its other end
+        if world()[1] == 1 or not re.search(r"gloo|NCCL|Connection (reset|closed) by peer", str(e)):
             raise
-        end(f"rank {world()[0]}: stopped, because another process of this run ended (its line says why).", 1)
+        end(f"rank {world()[0]}: stopped, because another process of this run ended (its own line says "
+            f"why).", 1)
     finally:
         sys.stderr = stderr
         release_run_folders()

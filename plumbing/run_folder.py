@@ -102,7 +102,8 @@ def read_record(path: Path, remedy: str = "Put the file back, or train the run a
 
 
 def another_folder(out: Path) -> Path:
-    """A folder beside `out` that does not exist yet: out-2, out-3, ..."""
+    """A folder beside `out` that does not exist yet: out-2, out-3, ... (/run-2 for /)."""
+    out = out if out.name else out / "run"
     return next(p for k in range(2, 10**6) if not (p := out.with_name(f"{out.name}-{k}")).exists())
 
 
@@ -227,20 +228,22 @@ class RunFolder:
         if not out.is_dir() or describe_entry(out) is not None:
             raise UserError(f"--output_dir {out}: is a file; it must be a folder (the run folder). Pass a "
                             f"new folder's path, or that of a run to --resume.")
-        if "code" not in read_record(out / "run.json") if (out / "run.json").is_file() else \
-                (out / "args.json").is_file():
-            raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
-                            f"did not record its code, so this cannot be shown to be the same run; it is "
-                            f"left as it is (its best/ loads as any model). To train again, {elsewhere}.")
-        why = foreign_entry(out, RUN_ENTRIES) or ("" if (out / "run.json").is_file() else "no run.json")
-        if " link " in why:
-            raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
-                            f"a run never writes through a link: remove it (or put a copy of what it points "
-                            f"to in its place), or choose another --output_dir.")
-        if why:
+        has = {name: (out / name).is_file() for name in ("run.json", "args.json")}
+        record = _try(lambda: read_json_object(out / "run.json")) or {}      # damaged: read_record says so
+        why = foreign_entry(out, RUN_ENTRIES)
+        if not (has["run.json"] and (not record or "script" in record) or has["args.json"] and not record):
+            why = why or (f"{out / 'run.json'} is not a run's record" if has["run.json"] else "no run.json")
             raise UserError(f"--output_dir {out}: {why}, so it is not a run folder of this project. A run "
                             f"writes only into a new or empty folder, or its own, so that nothing else is "
                             f"overwritten: {elsewhere}.")
+        if why:
+            raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
+                            f"a run never writes through a link or over a file of yours: remove it (or put "
+                            f"a copy of what a link points to in its place), or {elsewhere}.")
+        if not has["run.json"] or record and "code" not in record:
+            raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
+                            f"did not record its code, so this cannot be shown to be the same run; it is "
+                            f"left as it is (its best/ loads as any model). To train again, {elsewhere}.")
         run, then = read_record(out / "run.json"), read_record(out / "args.json")
         diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}"
                  for k, v in flags_of(self.args, NOT_TRAINING).items() if then.get(k) != v]
@@ -441,7 +444,7 @@ class RunFolder:
         the restored model, `saved`), then the log cut back to last/'s length: it reads as one run."""
         step, best_step = state["step"], state["best_step"]
         problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
-        if problem and best_step != step:
+        if problem and (best_step != step or "another run's" in problem):
             raise UserError(f"{self.out / 'best'}: {problem}. The model of step {best_step}, the best STS-B "
                             f"dev, was kept only there (last/ holds step {step}). Train the run again in "
                             f"another --output_dir (or move {self.out} away first).")

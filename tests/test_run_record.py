@@ -14,7 +14,13 @@ On simcse.py's real runs (tiny BERT, small STS, CPU):
   --output_dir that cannot be written is refused at the start (exit 2);
 - SIGTERM ends a run like Ctrl-C (exit 143, one line with --resume) and lets go of the folder at
   once: a second process takes it while the first is still alive; a stop before the run is
-  recorded says to run the same command again (--resume would be refused).
+  recorded says to run the same command again (--resume would be refused);
+- the four rules with the real file or fault: a user's folder (or /) refused and left as it was, no
+  run.lock left; a hard-linked snapshot keeps its content; last/ verified before torch.load, a
+  best/ of another run refused; too few file descriptors, and under torchrun a rank that ends
+  because another did, in one line; a stop said once;
+- what a run records of its code: an edited script's run is a run of its own, --resume of a run
+  whose code changed names the file; a finished run resumed trains nothing.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import struct
 import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -39,7 +48,7 @@ from test_kill_resume import _records, _same_run
 import common
 import rcl
 import simcse
-from conftest import ROOT, Held, script
+from conftest import ENV, ROOT, Held, cpu_env, script
 from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
@@ -949,3 +958,251 @@ def test_sigterm_ends_the_run_in_one_line_and_lets_go_of_the_folder(
     said = [line for line in r.stderr.splitlines() if "SIGTERM" in line]
     assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], r.stderr[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)
+
+
+# ------------------------------------------------------------------------------------
+# Rules 1 and 2: a folder that is not a run's own is refused, and nothing in it changes
+# ------------------------------------------------------------------------------------
+
+def _users_folder(out: Path) -> None:
+    """What a user keeps in a folder of their own, under the names a run writes."""
+    (out / "last").mkdir(parents=True)
+    (out / "last" / "thesis.tex").write_text("\\chapter{Results}\n")
+    (out / "args.json").write_text('{"title": "my thesis"}\n')
+    (out / "run.json").write_text('{"deadline": "Friday"}\n')
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_users_folder_is_refused_and_nothing_in_it_changes(tmp_path, tiny_bert, data, small_sts, capsys,
+                                                             resume):
+    out = tmp_path / "mine"
+    _users_folder(out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", *resume), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"--output_dir {out}: {out / 'last' / 'thesis.tex'} is not a file a run writes, so it is not a " \
+           f"run folder of this project" in message, message
+    assert f"choose another --output_dir, e.g. {out}-2" in message, message
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before      # no run.lock either
+
+
+def test_a_run_json_that_is_no_runs_record_is_refused(tmp_path, tiny_bert, data, small_sts, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "run.json").write_text('{"deadline": "Friday"}\n')
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2 and f"{out / 'run.json'} is not a run's record" in _one_line_error(err), err[-3000:]
+    assert [p.name for p in out.iterdir()] == ["run.json"]
+
+
+def test_the_root_folder_is_refused_and_no_lock_is_left_there(tmp_path, tiny_bert, data, small_sts, capsys):
+    """`--output_dir /` took a lock at /run.lock, left it, and advised removing /sbin."""
+    assert not os.path.lexists("/run.lock")
+    code, err = _run(_argv(Path("/"), tiny_bert, data, small_sts, tmp_path / "cache"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert message.startswith("error: --output_dir /: ") and "not a run folder of this project" in message
+    assert not os.path.lexists("/run.lock")
+
+
+def test_an_empty_folder_of_the_users_is_taken(tmp_path, tiny_bert, data, small_sts, capsys):
+    out = tmp_path / "made-by-hand"
+    out.mkdir()
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--max_steps", "2"), capsys)
+    assert code == 0, err[-3000:]
+    assert (out / "best" / "test_metrics.json").is_file() and not (out / "last").exists()
+
+
+def test_a_hard_linked_snapshot_keeps_what_it_had(tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
+    """`cp -al run run.snap`, then --resume of run: run.snap's files (the log appended to and cut back,
+    the lock's line) are as they were; run finishes."""
+    out = _copy(interrupted, tmp_path)
+    snap = tmp_path / "run.snap"
+    subprocess.run(["cp", "-al", str(out), str(snap)], check=True)
+    assert os.stat(snap / "metrics.jsonl").st_nlink == 2
+    before = {p: p.read_bytes() for p in snap.rglob("*") if p.is_file()}
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert {p: p.read_bytes() for p in snap.rglob("*") if p.is_file()} == before
+    assert (out / "metrics.jsonl").read_bytes() != before[snap / "metrics.jsonl"]
+
+
+# ------------------------------------------------------------------------------------
+# Rule 3: verified before it is loaded
+# ------------------------------------------------------------------------------------
+
+def test_a_checkpoint_is_verified_before_a_byte_of_it_is_unpickled(tmp_path, tiny_bert, data, small_sts,
+                                                                 interrupted, capsys, monkeypatch):
+    """Another file in last/state.pt's place (one that would inflate to gigabytes, say): its
+    checksum refuses it before torch.load reads it."""
+    out = _copy(interrupted, tmp_path)
+    torch.save({"filler": torch.zeros(1000)}, out / "last" / "state.pt")
+    loaded = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loaded.append(str(f)) or real(f, *a, **k))
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    assert "its SHA-256 is not the one in state.pt.sha256" in _one_line_error(err)
+    assert not [f for f in loaded if f.endswith("state.pt")], loaded
+    assert _tree(out) == before
+
+
+def test_a_best_of_another_run_at_the_same_step_is_refused(tmp_path, tiny_bert, data, small_sts, interrupted,
+                                                            capsys, monkeypatch):
+    """best/ swapped for the best/ of the same command with --seed 7, at the same step: refused, not
+    saved over nor reported as this run's."""
+    out, theirs = _copy(interrupted, tmp_path), tmp_path / "theirs"
+    with monkeypatch.context() as mp:
+        mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)
+        simcse.main(_argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--seed", "7",
+                          "--max_steps", "2"))
+    shutil.rmtree(out / "best")
+    shutil.copytree(theirs / "best", out / "best")
+    (out / "best" / "test_metrics.json").unlink()            # a best/ as a run leaves it before its end
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 2, err[-3000:]
+    message = _one_line_error(err)
+    assert f"{out / 'best'}: it is another run's model (" in message and "--seed 7 (this run: 42)" in message
+    assert _tree(out) == before
+
+
+# ------------------------------------------------------------------------------------
+# Rule 4: one line, whatever the reason
+# ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("limit", [5, 6])
+def test_too_few_file_descriptors_end_in_one_line(tmp_path, tiny_bert, data, small_sts, limit):
+    """`ulimit -n 5` (or 6): wherever the limit is met, one line and no traceback."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    r = subprocess.run([sys.executable, str(ROOT / "simcse.py"),
+                        *_argv(tmp_path / "run", tiny_bert, data, small_sts, tmp_path / "cache")],
+                       env=ENV, capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    if r.returncode:          # met reading (2) or writing (4): the one line says how to raise it
+        assert r.returncode in (2, 4) and "Too many open files" in r.stderr, r.stderr[-3000:]
+        assert "ulimit -n" in r.stderr.splitlines()[-1], r.stderr[-3000:]
+
+
+def _torchrun(tmp_path: Path, argv: list[str], die_at: int = 0) -> subprocess.Popen:
+    """simcse.py under `torchrun --nproc_per_node 2` on the CPU (gloo); with `die_at`, rank 0 is
+    killed (SIGKILL) before that training step, as an out-of-memory killer would."""
+    wrapper = tmp_path / "ranks.py"
+    wrapper.write_text(f"""
+import os, runpy, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+import common
+real, calls = common.train_step, [0]
+def step(*a, **k):
+    calls[0] += 1
+    if calls[0] == {die_at} and os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if calls[0] == 3:
+        open({str(tmp_path / "stepping")!r}, "w").close()
+    return real(*a, **k)
+common.train_step = step
+sys.argv = [{str(ROOT / "simcse.py")!r}, *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+    env = cpu_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")           # two ranks: gloo on the CPU
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node", "2", str(wrapper), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_under_torchrun_a_rank_that_ends_because_another_did_says_so(tmp_path, tiny_bert, data, small_sts):
+    run = _torchrun(tmp_path, _argv(tmp_path / "run", tiny_bert, data, small_sts, tmp_path / "cache",
+                                    "--max_steps", "30"), die_at=4)
+    err = run.communicate(timeout=600)[1]
+    assert run.returncode != 0
+    assert "rank 1: stopped, because another process of this run ended (its own line says why)." in err, \
+        err[-3000:]
+    assert "[rank1]: Traceback" not in err, err[-3000:]
+
+
+def test_under_torchrun_a_sigterm_is_said_once(tmp_path, tiny_bert, data, small_sts):
+    run = _torchrun(tmp_path, _argv(tmp_path / "run", tiny_bert, data, small_sts, tmp_path / "cache",
+                                    "--max_steps", "1000", "--eval_every", "500"))
+    t0 = time.time()
+    while not (tmp_path / "stepping").exists():
+        assert run.poll() is None and time.time() - t0 < 300, run.stderr.read()[-3000:]
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    err = run.communicate(timeout=300)[1]
+    said = [line for line in err.splitlines() if line.startswith("terminated (SIGTERM)")]
+    assert len(said) == 1, err[-3000:]
+
+
+# ------------------------------------------------------------------------------------
+# The edit loop: a run records its code
+# ------------------------------------------------------------------------------------
+
+def _clone(tmp_path: Path) -> Path:
+    """The scripts, common.py and plumbing/ in a folder of their own: a student's copy to edit."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for p in ROOT.glob("*.py"):
+        shutil.copy(p, clone / p.name)
+    shutil.copytree(ROOT / "plumbing", clone / "plumbing", ignore=shutil.ignore_patterns("__pycache__"))
+    return clone
+
+
+def _simcse(clone: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(clone / "simcse.py"), *argv], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_an_edited_script_is_a_run_of_its_own_and_resume_names_what_changed(tmp_path, tiny_bert, data,
+                                                                            small_sts):
+    """The same command before and after an edit of simcse.py: the default folder of the first run is
+    left alone and the edited code gets a folder named after it; --resume of the first run with the
+    edited code is refused in one line naming simcse.py, its copy and the diff to see; a new start
+    in it is refused without suggesting --resume."""
+    clone, work = _clone(tmp_path), tmp_path / "work"
+    work.mkdir()
+    argv = ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts), "--cache_dir",
+            str(tmp_path / "cache"), "--batch_size", "8", "--max_steps", "2", "--eval_every", "2"]
+    first = _simcse(clone, work, *argv)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [original] = list((work / "runs" / "simcse").iterdir())
+    recorded = json.loads((original / "run.json").read_text())["code"]
+    assert (original / "code" / "simcse.py").read_bytes() == (clone / "simcse.py").read_bytes()
+    assert set(recorded) == {"simcse.py", "common.py"}
+
+    source = (clone / "simcse.py").read_text()
+    line = "    return F.cross_entropy(sim / tau, labels)"                 # simcse_loss's last line
+    assert line in source
+    (clone / "simcse.py").write_text(source.replace(line, line.replace("/ tau", "/ (2 * tau)"), 1))
+    second = _simcse(clone, work, *argv)
+    assert second.returncode == 0, second.stderr[-3000:]
+    edited = next(p for p in (work / "runs" / "simcse").iterdir() if p != original)
+    assert edited.name.startswith(f"{original.name}-code")
+    assert f"note: runs/simcse/{original.name} holds a run of other code: this one goes to " \
+           f"runs/simcse/{edited.name}" in second.stderr
+    assert json.loads((edited / "run.json").read_text())["code"]["simcse.py"] != recorded["simcse.py"]
+
+    before = _tree(original)
+    resumed = _simcse(clone, work, *argv, "--output_dir", str(original), "--resume")
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    message = resumed.stderr[resumed.stderr.index("error: "):]
+    copy = original / "code" / "simcse.py"
+    assert f"simcse.py: changed since the run started (its copy: {copy})" in message, message
+    assert f"`diff {original / 'code' / 'simcse.py'} {clone / 'simcse.py'}` shows how" in message, message
+    again = _simcse(clone, work, *argv, "--output_dir", str(original))
+    assert again.returncode == 2 and "already holds another run" in again.stderr, again.stderr[-3000:]
+    assert "--resume" not in again.stderr[again.stderr.index("error: "):], again.stderr
+    assert _tree(original) == before
+
+
+def test_a_finished_run_resumed_says_so_and_trains_nothing(tmp_path, tiny_bert, data, small_sts, finished,
+                                                          capsys):
+    out = _copy(finished, tmp_path)
+    before = _tree(out)
+    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
+    assert code == 0, err[-3000:]
+    assert f"{out} had finished: nothing to train; the figures above are the ones it kept in " \
+           f"{out / 'best' / 'test_metrics.json'}." in err, err[-3000:]
+    assert "resuming" not in err and _tree(out) == before
