@@ -191,14 +191,14 @@ class RunFolder:
         """A flock on the folder itself, which the system drops when the process ends however it ends
         (kill -9 too): a dead run blocks no --resume, and a deleted run.lock frees nothing.
         NOTE(ours): where a folder cannot be locked (Windows, NFS) the run goes on unlocked."""
+        if fcntl is None:
+            return
         try:
             self.lock = os.open(self.out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except OSError as e:
             raise UserError(UNWRITABLE.format(self.out, e.strerror or e))
         try:
-            if fcntl is not None:
-                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.release()
         except OSError:

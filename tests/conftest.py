@@ -547,6 +547,24 @@ def full_sts(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def data(tmp_path_factory, corpus) -> Path:
+    """300 sentences of the synthetic corpus: the fault and record tests' runs."""
+    p = tmp_path_factory.mktemp("data") / "sentences.txt"
+    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
+    return p
+
+
+class Shell:
+    """Unpickling this runs a shell command: what a file from an untrusted source may carry."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, corpus) -> Path:
     """English tiny BERT: d=32, 2 layers, 1000-token vocabulary from the synthetic corpus."""
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), [corpus])

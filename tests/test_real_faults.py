@@ -116,14 +116,6 @@ def _finished(r: subprocess.CompletedProcess, out: Path, total: int) -> None:
     assert not list(out.rglob(".*")), "a temporary file or folder left behind"
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, corpus) -> Path:
-    """300 sentences of the synthetic corpus."""
-    p = tmp_path_factory.mktemp("data") / "sentences.txt"
-    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
-    return p
-
-
 @pytest.fixture
 def argv(tiny_bert, data, small_sts, tmp_path):
     """The flags of a run into `out`, its tokens cached off the faulty disk."""

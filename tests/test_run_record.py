@@ -48,7 +48,7 @@ from test_kill_resume import _records, _same_run
 import common
 import rcl
 import simcse
-from conftest import ENV, ROOT, Held, cpu_env, script
+from conftest import ENV, ROOT, Held, Shell, cpu_env, script
 from plumbing import atomic_writes, run_folder
 
 ENOSPC = "No space left on device"
@@ -61,14 +61,6 @@ FLAGS = ["--batch_size", "8", "--max_steps", "6", "--eval_every", "2", "--log_ev
 # one thread (conftest): every run here and its reference compute alike (the resumed runs are
 # compared with the uninterrupted one record for record), and a tiny model is quicker on busy cores
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, corpus) -> Path:
-    """300 sentences of the synthetic corpus."""
-    p = tmp_path_factory.mktemp("data") / "sentences.txt"
-    p.write_text("\n".join(corpus.read_text(encoding="utf-8").splitlines()[:300]) + "\n", encoding="utf-8")
-    return p
 
 
 def _argv(out: Path, tiny_bert: Path, data: Path, sts: Path, cache: Path, *extra: str) -> list[str]:
@@ -341,16 +333,6 @@ def test_a_checkpoint_without_a_checksum_is_refused_until_one_vouches_for_it(
     assert digest == (interrupted / "last" / run_folder.CHECKSUM).read_text().split()[0]
 
 
-class _Shell:
-    """Unpickling this runs a shell command: what a state.pt from an untrusted source may carry."""
-
-    def __init__(self, command: str):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command,)
-
-
 @pytest.mark.parametrize("payload", ["os.system", "print"])
 def test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs(
         tmp_path, tiny_bert, data, small_sts, interrupted, capsys, payload):
@@ -359,11 +341,11 @@ def test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs(
     out = _copy(interrupted, tmp_path)
     state_pt = out / "last" / "state.pt"
     marker, armed = tmp_path / "marker", tmp_path / "armed"
-    payload_object = _Shell(f"touch {marker}") if payload == "os.system" else print
+    payload_object = Shell(f"touch {marker}") if payload == "os.system" else print
     _resave(state_pt, lambda state: state.update(x=payload_object))
     if payload == "os.system":                 # the payload is live: a plain torch.load runs it
         probe = tmp_path / "probe.pt"
-        torch.save({"x": _Shell(f"touch {armed}")}, probe)
+        torch.save({"x": Shell(f"touch {armed}")}, probe)
         torch.load(probe, weights_only=False)
         assert armed.exists()
     before = _tree(out)
@@ -600,7 +582,7 @@ def _code_in_weights(model: Path) -> None:
     from safetensors.torch import load_file
     state = load_file(model / "model.safetensors")
     (model / "model.safetensors").unlink()
-    torch.save({**state, "x": _Shell(f"touch {model / 'marker'}")}, model / "pytorch_model.bin")
+    torch.save({**state, "x": Shell(f"touch {model / 'marker'}")}, model / "pytorch_model.bin")
 
 
 # a --model folder a user was given: (what is wrong, what the line says of which file)

@@ -140,14 +140,7 @@ def test_training_sees_two_different_dropout_views(tmp_path, tiny_bert, corpus, 
                                                    cache_dir, monkeypatch):
     """from_pretrained() returns eval mode; training must switch dropout on, or the two views
     of unsupervised SimCSE are the same vector and the loss teaches nothing."""
-    seen = []
-    real = simcse.simcse_loss
-
-    def spy(h, h_pos, tau):
-        seen.append((h.detach().clone(), h_pos.detach().clone()))
-        return real(h, h_pos, tau)
-
-    monkeypatch.setattr(simcse, "simcse_loss", spy)
+    seen = _spy_views(monkeypatch)
     _run(tmp_path, tiny_bert, corpus, small_sts, cache_dir, "--max_steps", "2")
     assert seen and all(not torch.allclose(h, hp) for h, hp in seen)
 
@@ -453,6 +446,7 @@ def test_fixed_mask_equals_two_passes_under_one_mask(tiny_bert):
 
 
 def _spy_views(monkeypatch) -> list:
+    """The (h, h_pos) pairs simcse_loss is given, collected as a run calls it."""
     seen = []
     real = simcse.simcse_loss
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import common
-from conftest import ENV, ROOT, EnglishLike
+from conftest import ENV, ROOT, EnglishLike, Shell
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +50,12 @@ def test_two_tokenizers_that_differ_in_two_ids_do_not_share_a_cache(minilm, text
     assert len(list((tmp_path / "cache").glob("tok-*.npz"))) == 2
 
 
-class _Shell:
-    """Unpickling this runs a shell command."""
-
-    def __init__(self, command: str):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command,)
-
-
 def _cut(cache: Path, other: Path, tmp_path: Path) -> None:
     cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
 
 
 def _pickled(cache: Path, other: Path, tmp_path: Path) -> None:
-    payload = np.array([_Shell(f"touch {tmp_path / 'marker'}")], dtype=object)
+    payload = np.array([Shell(f"touch {tmp_path / 'marker'}")], dtype=object)
     np.savez(cache, ids=payload, lengths=payload, pad_id=0, key=cache.stem)
 
 
