@@ -1,8 +1,5 @@
-"""SimCSE's files into data/ (wiki1m, the NLI triplets, SentEval's STS data) from the addresses the
-official repository downloads from, on a run's first use (missing_pieces: what cannot be fetched
-is named with the models the run cannot have, all at once) or by `python tools/download.py`. Each
-is proven whole by its content, as no checksum could be verified, in a temporary folder, and moved
-into place only once whole: a failed one leaves nothing, not even the folder made for it."""
+"""SimCSE's data into data/, on a run's first use (missing_pieces) or by `python tools/download.py`:
+each proven whole by its content in a temporary folder, then moved into place; a failure leaves nothing."""
 
 from __future__ import annotations
 
@@ -19,13 +16,11 @@ from typing import Callable
 
 from plumbing import inputs
 from plumbing.errors import UserError
-from plumbing.inputs import count_lines, is_sts_dir
 from plumbing.progress import progress
 
 
 def _data_dir() -> Path:
-    """The defaults' data/: the repository's, relative inside it (data/... at its root, as the docs
-    read), absolute from any other folder (the same data/, not a second download)."""
+    """The repository's data/, from any working folder: relative inside the clone (as the docs read)."""
     data = Path(__file__).resolve().parents[1] / "data"
     try:
         return Path(os.path.relpath(data)) if Path.cwd().resolve().is_relative_to(data.parent) else data
@@ -43,38 +38,32 @@ NOT_KEPT = ("It was not kept: the next try fetches it again from the start. If t
 
 
 def fetch(url: str, dest: Path, room: Path | None = None) -> None:
-    """Stream `url` into `dest` with a progress bar; a failure names the address and what to check
-    (the free space of `room`, by default dest's folder). A connection closed early is a failure
-    too (urllib returns the bytes it got as if complete)."""
-    def failed(why: str) -> UserError:
-        return UserError(f"could not download {url}: {why}. Check the network (a proxy or a firewall "
-                         f"may block the address) and the free disk space in {room or dest.parent}, or "
-                         f"fetch from a mirror with `python tools/download.py --base_url URL`. Nothing of "
-                         f"it was kept: the next try fetches it from the start, and skips the files "
-                         f"already complete.")
+    """Stream `url` into `dest` with a progress bar; a failure says what to check (free space in `room`)."""
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
             size = int(r.headers.get("Content-Length") or 0) or None
             with progress(total=size, desc=dest.name, unit="B") as bar:
                 while chunk := r.read(1 << 20):
                     bar.update(f.write(chunk))
-            got = f.tell()
+            if size is not None and f.tell() != size:     # urllib returns a cut connection's bytes as all
+                raise OSError(f"the connection closed after {f.tell()} of its {size} bytes")
     except OSError as e:
-        raise failed(str(e))
-    if size is not None and got != size:
-        raise failed(f"the connection closed after {got} of its {size} bytes")
+        raise UserError(f"could not download {url}: {e}. Check the network (a proxy or a firewall may block "
+                        f"the address) and the free disk space in {room or dest.parent}, or fetch from a "
+                        f"mirror with `python tools/download.py --base_url URL`. Nothing of it was kept: the "
+                        f"next try fetches it from the start, and skips the files already complete.")
 
 
 def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
     """No checksum of SimCSE's files could be verified, so each is proven whole by its content:
     wiki1m by its 1,000,000 lines; the NLI file by its header and three cells a row."""
     if name == WIKI1M:
-        if (lines := count_lines(path)) != (expected := wiki1m_lines or WIKI1M_LINES):
+        if (lines := inputs.count_lines(path)) != (expected := wiki1m_lines or WIKI1M_LINES):
             raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
                             f"is incomplete or corrupted. {NOT_KEPT}")
         return
     try:
-        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+        with open(path, encoding="utf-8", newline="") as f:
             rows = csv.reader(f)
             if (header := ",".join(next(rows, []))) != "sent0,sent1,hard_neg":
                 raise UserError(f"{name}: header {header!r}, expected 'sent0,sent1,hard_neg': the download "
@@ -88,9 +77,8 @@ def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> No
 
 @contextlib.contextmanager
 def staging(dest: Path, name: str):
-    """A temporary folder in `dest` (made, with its parents, for the download) where `name` is
-    fetched and checked, gone whatever happens; if the download fails, so are the folders made for
-    it while empty: a failed first download leaves no empty data/ behind."""
+    """A temporary folder in `dest` where `name` is fetched and checked, gone whatever happens; a
+    failed download also removes the folders made for it, while empty (no empty data/ is left)."""
     made = [p for p in [dest, *dest.parents] if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
     try:
@@ -104,8 +92,7 @@ def staging(dest: Path, name: str):
 
 
 def unpack_sts(tmp: Path, check_sts: Callable[[Path], None]) -> None:
-    """SentEval's archive in `tmp`, unpacked: its STS/ and SICK/ into tmp/sts, checked (`check_sts`:
-    every task parses to SentEval's kept pair counts)."""
+    """SentEval's archive in `tmp`, unpacked: its STS/ and SICK/ into tmp/sts, checked by `check_sts`."""
     try:
         with tarfile.open(tmp / SENTEVAL) as tf:
             tf.extractall(tmp / "x", filter="data")
@@ -125,13 +112,12 @@ def unpack_sts(tmp: Path, check_sts: Callable[[Path], None]) -> None:
 
 def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str = UPSTREAM,
              what: list[str] | None = None, wiki1m_lines: int | None = None) -> dict[str, Path]:
-    """--what of wiki1m, the NLI triplets and the STS data into `dest`, skipping what is there:
-    each fetched into a temporary folder, proven whole by its content (check_download; the STS data
-    by unpack_sts) and only then moved into place."""
+    """--what of wiki1m, the NLI triplets and the STS data into `dest`, skipping what is there, each
+    proven whole (check_download, unpack_sts) before it is moved into place."""
     dest, got = Path(dest), {}
     for item in what or ["wiki1m", "nli", "sts"]:
         got[item] = final = dest / {"wiki1m": WIKI1M, "nli": NLI, "sts": "sts"}[item]
-        if is_sts_dir(final) if item == "sts" else final.exists():
+        if inputs.is_sts_dir(final) if item == "sts" else final.exists():
             print(f"{final}: present, not fetched again", file=sys.stderr)
             continue
         with staging(dest, final.name) as tmp:
@@ -152,17 +138,15 @@ def in_data(name: str) -> str:
 
 
 def fetched_on_first_use(data: str | Path) -> bool:
-    """Whether --data is a file the flags' defaults name that is not there yet: missing_pieces
-    fetches it, so it is not yet the user's to give."""
+    """Whether --data is a file the defaults name, not there yet: missing_pieces fetches it."""
     return not Path(data).exists() and Path(data) in (DATA_DIR / WIKI1M, DATA_DIR / NLI)
 
 
 def missing_pieces(data: str | Path, sts_dir: str | Path, check_sts: Callable[[Path], None],
                    models: dict[str, tuple[str, str]]) -> None:
-    """Before a run writes anything: the models ({flag: (name, one more way out)}) that cannot be
-    had (inputs.model_missing), and the files the flags' defaults name, fetched if missing, all in
-    ONE UserError, each with what to place where. Paths of the user's are the checks' that follow:
-    a --data that is not there is a typo, named alone."""
+    """Before a run writes anything: the files the defaults name, fetched if missing, and what cannot
+    be had of them and of `models` ({flag: (name, one more way out)}), all in ONE UserError. A --data
+    of the user's that is not there is a typo, named alone by the checks that follow."""
     defaults = {DATA_DIR / "sts": "sts", DATA_DIR / WIKI1M: "wiki1m", DATA_DIR / NLI: "nli"}
     if not Path(data).exists() and Path(data) not in defaults:
         return

@@ -5,7 +5,6 @@ file: the training file, the token cache beside it (trusted only when whole and 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import csv
 import difflib
 import functools
@@ -22,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from plumbing.atomic_writes import no_follow, write_atomic
+from plumbing.atomic_writes import alive, no_follow, write_atomic
 from plumbing.errors import UserError, writing
 
 
@@ -80,8 +79,7 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
     if not path.is_file():
         raise UserError(f"{flag} {path}: no such file. Pass {what}, or run `python tools/download.py` "
                         f"for {download}.")
-    raw = path.read_bytes()
-    raw = raw[len(codecs.BOM_UTF8):] if raw.startswith(codecs.BOM_UTF8) else raw   # as spreadsheets save
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)      # as spreadsheets save
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -91,8 +89,7 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
 
 
 def read_json(path: str | Path):
-    """The JSON in `path`, or a ValueError that says in a few words why there is none: unreadable,
-    not JSON, nested too deeply to read."""
+    """The JSON in `path`, or a ValueError that says in a few words why there is none."""
     try:
         return json.loads(Path(path).read_bytes())
     except OSError as e:
@@ -117,9 +114,8 @@ def count_lines(path: str | Path) -> int:
 
 
 def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None) -> Path | None:
-    """The .npz that caches `texts` tokenised to max_len, named by a SHA-256 of all that decides
-    the ids: the whole tokenizer (its JSON: vocabulary, normaliser, pre-tokenizer, added tokens and
-    the template that adds [CLS] and [SEP]), its size and pad id, max_len and every text."""
+    """The .npz that caches `texts` tokenised to max_len, named by a SHA-256 of all that decides the
+    ids: the tokenizer's whole JSON (a part of it missed two swapped ids), its size, max_len, each text."""
     if cache_dir is None:
         return None
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
@@ -163,21 +159,9 @@ def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id
     with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
         for left in cache.parent.glob(".tok-*.npz.*.tmp"):
-            if not _alive(left.name.split(".")[-2]):     # .tok-KEY.npz.PID.tmp
+            if not alive(left.name.split(".")[-2]):      # .tok-KEY.npz.PID.tmp
                 left.unlink(missing_ok=True)
         write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem))
-
-
-def _alive(pid: str) -> bool:
-    """Whether process `pid` (a temporary file's) still runs; unknown (not POSIX): yes."""
-    if os.name == "posix" and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except OSError:                 # another user's: it runs
-            pass
-    return True
 
 
 def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
@@ -197,8 +181,7 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
 
 
 def describe_entry(path: str | Path) -> str | None:
-    """What an entry is when it is no file or folder, for the refusal of an entry a program writes or
-    trusts (nothing is written through a link); None for a file, a folder or nothing."""
+    """What an entry that is no file or folder is (refused: nothing is written through a link), or None."""
     if not os.path.lexists(path):
         return None
     mode = os.lstat(path).st_mode
@@ -218,10 +201,9 @@ MODEL = "the folder of a saved model (config.json, its weights and tokenizer), o
 
 @functools.cache
 def hub_offline() -> str | None:
-    """Why this process does not ask the Hugging Face hub (HF_HUB_OFFLINE=1, or one request to
-    HF_ENDPOINT failed within HUB_WAIT_S: then the libraries' offline mode is switched on, and they
-    read their cache at once), or None. Without it, transformers retries each file a model lacks in
-    the cache for 23 s (measured: an uncached name refused after 23 s, a cached model loaded in 120)."""
+    """Why this process does not ask the hub, or None. HF_ENDPOINT is asked once: no answer in
+    HUB_WAIT_S switches the libraries' offline mode on, so that they read their cache at once
+    (else transformers retries each file a model lacks for 23 s: a cached model loaded in 120)."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
     if constants.HF_HUB_OFFLINE:
@@ -234,19 +216,11 @@ def hub_offline() -> str | None:
     return None
 
 
-def _cached(name: str) -> bool:
-    """Whether hub model `name` is in the local Hugging Face cache (its config.json)."""
-    from huggingface_hub import try_to_load_from_cache
-    return isinstance(try_to_load_from_cache(name, "config.json"), str)
-
-
 def _folders_like(path: Path) -> str:
-    """What is near a folder that is not there, for its error: the folders beside it whose names
-    look like its own, or the first of its parents that is not there either."""
+    """For the error of a folder that is not there: the folders beside it named like it, or the
+    first of its parents that is not there either."""
     if not path.parent.is_dir():
-        missing = path.parent
-        while not missing.parent.is_dir():
-            missing = missing.parent
+        missing = next(p for p in path.parents if p.parent.is_dir())
         return f" (there is no folder {missing} either)"
     try:
         beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
@@ -256,25 +230,22 @@ def _folders_like(path: Path) -> str:
     return f" (did you mean {' or '.join(str(path.parent / n) for n in near)}?)" if near else ""
 
 
-def _is_hub_name(name: str) -> bool:
-    """Whether `name` can be a hub name (owner/model or model), not only a path (./x, /x, a/b/c, x/)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-    with contextlib.suppress(HFValidationError):
-        return validate_repo_id(name) is None
-    return False
-
-
 def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | None:
     """Why model `name` cannot be had (no folder here, no hub name in the local cache or on a hub
     that answers), in one line that says what to do, or None; `instead`: one more way out."""
     path = Path(name)
     if path.is_dir():
         return None
-    if path.exists() or not _is_hub_name(name):     # a file; ./x, ../x, /x, x/, a/b/c: only a folder
-        what = "is a file" if path.exists() else f"no such folder{_folders_like(path)}"
-        return f"{flag} {name}: {what}. Pass {MODEL}.{instead}"
-    if (why := hub_offline()) is None or _cached(name):
-        return None
+    if path.exists():
+        return f"{flag} {name}: is a file. Pass {MODEL}.{instead}"
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        validate_repo_id(name)          # owner/model or model: a hub name
+    except HFValidationError:           # ./x, ../x, /x, x/, a/b/c: only a folder
+        return f"{flag} {name}: no such folder{_folders_like(path)}. Pass {MODEL}.{instead}"
+    if (why := hub_offline()) is None or isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return None     # the hub answers (transformers asks it), or the local cache holds the model
     near = _folders_like(path) if path.parent.is_dir() and path.parent != Path(".") else ""  # models/x typo
     local, offline = f"models/{path.name}", why.startswith("HF_HUB_OFFLINE")
     return (f"{flag} {name}: neither a folder here{near} nor in the local Hugging Face cache, and {why}. "
@@ -305,10 +276,8 @@ def encoder_config(name: str, flag: str = "--model"):
 
 
 def model_folder_problem(folder: Path) -> str | None:
-    """What is wrong with the files of a saved model folder (--model, a run's best/ or end/), or
-    None: a .json that does not parse (or nests too deeply to), weights cut short or damaged,
-    weights that are not data (a pickle carrying objects other than tensors), no weights. Read
-    without loading the tensors."""
+    """What is wrong with a saved model folder's files (--model, a run's best/ or end/), in a few
+    words, or None; read without loading the tensors."""
     if not folder.is_dir():
         return f"{folder} is missing"
     for p in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
@@ -322,30 +291,28 @@ def model_folder_problem(folder: Path) -> str | None:
             if index.is_file() else [folder / "model.safetensors"]
     except (ValueError, TypeError, AttributeError, KeyError) as e:     # no object, no weight_map of names
         return f"{index} is not an index of weights ({type(e).__name__}: {str(e)[:80]})"
-    if all(p.is_file() for p in shards):
-        from safetensors import safe_open
-        for p in shards:
-            try:
+    if not all(p.is_file() for p in shards):
+        shards = [folder / "pytorch_model.bin"]
+        if not shards[0].is_file():
+            return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
+    import torch
+    from safetensors import safe_open
+    for p in shards:
+        try:
+            if p.suffix == ".bin":      # a pickle: weights_only refuses one that would run code
+                torch.load(p, map_location="cpu", mmap=True, weights_only=True)
+            else:
                 with safe_open(str(p), "np"):     # the header, and that the file holds all it lists
                     pass
-            except Exception as e:                 # SafetensorError, a bare Exception
-                return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
-        return None
-    if (weights := folder / "pytorch_model.bin").is_file():
-        import torch
-        try:
-            torch.load(weights, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as e:                     # UnpicklingError, RuntimeError (a cut zip), EOFError
+        except Exception as e:          # SafetensorError, UnpicklingError, RuntimeError (a cut zip), EOFError
             if "Weights only load failed" in str(e):
-                return f"{weights} holds objects other than tensors, which loading would run as code"
-            return f"{weights} is cut short or damaged ({str(e).splitlines()[0][:120]})"
-        return None
-    return f"{folder} holds no weights (model.safetensors or pytorch_model.bin)"
+                return f"{p} holds objects other than tensors, which loading would run as code"
+            return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
+    return None
 
 
 def check_model_folder(name: str, flag: str = "--model") -> None:
-    """A local model folder's files, checked before anything is written (a hub name: the hub
-    checks its own downloads)."""
+    """A local model folder's files, checked before anything is written (the hub checks its own)."""
     if Path(name).is_dir() and (problem := model_folder_problem(Path(name))):
         raise UserError(f"{flag} {name}: {problem}. Save or download the model again, or give another "
                         f"folder.")
