@@ -68,22 +68,6 @@ def code_files(args: Any) -> dict[str, Path]:
                                 Path(sys.modules["common"].__file__))}
 
 
-def code_id(code: dict[str, str]) -> str:
-    """Six hex digits that name a version of the code (the suffix of a default folder)."""
-    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:6]
-
-
-@functools.lru_cache(maxsize=4)
-def _fingerprint(path: str, stamp: tuple) -> str:
-    return sha256_file(path)
-
-
-def data_fingerprint(path: str | Path) -> str:
-    """The SHA-256 of --data's content, computed once while the file is unchanged."""
-    st = os.stat(path)
-    return _fingerprint(str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino))
-
-
 def flags_of(args: Any, leave_out: tuple[str, ...] = ()) -> dict:
     """The flags as args.json holds them, but those in `leave_out`."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
@@ -140,6 +124,11 @@ class RunFolder:
         self.step: int | None = None          # last/'s, once this process wrote or read it
         self.fresh: Path | None = None        # where this code starts without --resume (the default)
 
+    @functools.cached_property
+    def data_sha256(self) -> str:
+        """--data's fingerprint, read once (after common.start fetched a default file)."""
+        return sha256_file(self.args.data)
+
     # --- named and opened by common.start ----------------------------------------------------
 
     @classmethod
@@ -150,7 +139,8 @@ class RunFolder:
         so that a stop says what is where."""
         run, base = cls(args), Path(default_output_dir(args))
         if not args.output_dir:
-            fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
+            code_id = hashlib.sha256(json.dumps(run.code, sort_keys=True).encode()).hexdigest()[:6]
+            fresh = base.with_name(f"{base.name}-code{code_id}")
             mine = [f for f in (base, fresh) if _try(lambda: read_json_object(f / "run.json")["code"]) ==
                     run.code]
             run.out = mine[0] if mine else base if not base.exists() or args.resume else fresh
@@ -247,7 +237,7 @@ class RunFolder:
         run, then = read_record(out / "run.json"), read_record(out / "args.json")
         diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}"
                  for k, v in flags_of(self.args, NOT_TRAINING).items() if then.get(k) != v]
-        if run.get("data_sha256") != data_fingerprint(self.args.data):
+        if run.get("data_sha256") != self.data_sha256:
             diffs.append(f"--data {self.args.data}: its content is not the data the run started with")
         if run.get("script") != (script := f"{script_name(self.args)}.py"):
             diffs.append(f"the script: the run is {run.get('script')}'s, this command {script}'s")
@@ -287,7 +277,7 @@ class RunFolder:
         if self.record is not None:
             return
         self.record = {"script": f"{script_name(self.args)}.py", "format": FORMAT,
-                       "data_sha256": data_fingerprint(self.args.data), "code": self.code}
+                       "data_sha256": self.data_sha256, "code": self.code}
         files = {"run.json": json.dumps(self.record, indent=2),
                  **{f"{CODE}/{f}": p.read_text(encoding="utf-8") for f, p in code_files(self.args).items()},
                  "args.json": json.dumps(flags_of(self.args), indent=2)}
@@ -345,7 +335,7 @@ class RunFolder:
     def identity(self) -> dict:
         """What every checkpoint and best/ carry: the script, stage, training flags, data and code."""
         return {"format": FORMAT, "script": f"{script_name(self.args)}.py", "stage": self.stage,
-                "data_sha256": data_fingerprint(self.args.data), "code": self.code,
+                "data_sha256": self.data_sha256, "code": self.code,
                 "flags": flags_of(self.args, (*NOT_TRAINING, "data"))}
 
     def write(self, record: dict) -> None:
