@@ -3,13 +3,11 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
-`python ifcl.py` makes this same file on its first run, through one call into this module
-(fraternal_file, at the end); without --out the file goes where ifcl.py looks for it,
-<data>.de.<mt_model>.txt beside --data (or under --cache_dir). Batched by length (bf16 on CUDA, the
-batch halved when the GPU runs out of memory), with a progress bar, and resumable: lines go to
-<out>.part in chunks of the input's order (flushed after each), beside <out>.part.json, which says
-what is being translated; <out> appears only when every line is done. A killed run continues where
-<out>.part stops. Under torchrun rank 0 translates while the other ranks wait for the file.
+Without --out the file is <data>.de.<mt_model>.txt beside --data (or under --cache_dir), where ifcl.py
+looks for it: `python ifcl.py` makes the same file on its first run (fraternal_file, at the end; under
+torchrun rank 0 translates while the other ranks wait). Batched by length, bf16 on CUDA (the batch halved
+when the GPU runs out of memory), resumable: a killed run continues where <out>.part (described by
+<out>.part.json) stops; <out> appears only when every line is done.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from plumbing import downloads, inputs
 from plumbing.atomic_writes import no_follow, write_text_atomic
 from plumbing.errors import UserError
 from plumbing.flags import arg, parse_args
-from plumbing.inputs import count_lines, default_cache_dir, read_sentences
 from plumbing.progress import progress
 from plumbing.ranks import world
 
@@ -54,37 +51,20 @@ class TranslateArgs:
     num_beams: int = arg(1, "beam size (1 = greedy: a million sentences is a lot of beams)", ge=1)
 
 
-T5_PREFIX = "translate English to German: "
-AUTO_BATCH_CUDA, AUTO_BATCH_CPU = 1024, 64   # --batch_size 0
-
-
-def mt_slug(mt_model: str) -> str:
-    """The MT model in the German file's name: a hub name with '/' as '--' (the hub's convention),
-    a folder as its name and a hash of its absolute path. NOTE(ours): a file made by one model is
-    never taken for another's, even of two folders both called 'mt'."""
-    p = Path(mt_model).expanduser()
-    if p.is_dir():
-        full = str(p.resolve())
-        name = f"{p.resolve().name}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
-    else:
-        name = mt_model.replace("/", "--")
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
 def default_fraternal_path(data: str, mt_model: str, cache_dir: str = "") -> Path:
-    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside
-    --data, or under --cache_dir when given or when --data's folder is not writable."""
-    data_p = Path(data)
-    name = f"{data_p.with_suffix('').name}.de.{mt_slug(mt_model)}.txt"
-    if cache_dir:
-        return Path(cache_dir) / name
-    folder = data_p.resolve().parent     # data/ before its first download: the folder it will be in
-    if os.access(next(p for p in [folder, *folder.parents] if p.exists()), os.W_OK):
-        return folder / name
-    return default_cache_dir(data, "") / name
+    """Where the German file made from --data by --mt_model lives: <data>.de.<model>.txt beside --data,
+    or under --cache_dir when given or when --data's folder is not writable; <model>: a hub name with '/'
+    as '--', or a folder's name and a hash of its path (NOTE(ours): two folders called 'mt' never mix)."""
+    mt = Path(mt_model).expanduser().resolve()
+    model = f"{mt.name}-{hashlib.sha256(str(mt).encode()).hexdigest()[:8]}" if mt.is_dir() else mt_model
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.replace("/", "--"))
+    name = f"{Path(data).with_suffix('').name}.de.{slug}.txt"
+    folder = Path(data).resolve().parent     # data/ before its first download: the folder it will be in
+    if cache_dir or not os.access(next(p for p in [folder, *folder.parents] if p.exists()), os.W_OK):
+        return inputs.default_cache_dir(data, cache_dir) / name
+    return folder / name
 
 
-# what an --mt_model that cannot be had leaves open: the German file made on another machine
 ELSEWHERE = (" Translating --data needs it once (the German file is kept and reused); the file can be "
              "made on another machine: `python tools/translate.py --data DATA --out FILE`, then "
              "--fraternal_data FILE.")
@@ -126,9 +106,8 @@ def load_mt_model(name: str, device: torch.device):
 
 def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: str,
                     device: torch.device, batch_size: int, on_batch) -> tuple[list[str], int]:
-    """Translate `texts` in batches of similar length (greedy unless --num_beams) and return
-    them in the input's order, with the batch size that fitted: on running out of GPU memory
-    the batch is halved and tried again. `on_batch(k)` is called after each batch of k."""
+    """`texts` translated in batches of similar length, in the input's order, and the batch size that
+    fitted (halved whenever the GPU runs out of memory); on_batch(k) after each batch of k."""
     # cut to 64 characters a token kept before tokenising, as common.clip: a 50 MB line took 7 GB
     ids = tok([(prefix + t)[:64 * args.max_source_len] for t in texts], truncation=True,
               max_length=args.max_source_len)["input_ids"]
@@ -161,8 +140,8 @@ def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: s
 
 
 def translate_file(args: TranslateArgs, device: torch.device | None = None) -> Path:
-    """Translate --data into --out (see `translate`); returns the finished file."""
-    src = read_sentences(args.data, "--data")
+    """--data translated into --out (the module's docstring says how); returns the finished file."""
+    src = inputs.read_sentences(args.data, "--data")
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
     for own in (part, meta):        # files of this translation's own: nothing is written through a link
@@ -170,15 +149,14 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
                             f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
-        if (k := count_lines(out)) == len(src):
+        if (k := inputs.count_lines(out)) == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
             return out
         raise UserError(f"--out {out} exists with {k} lines but --data {args.data} has {len(src)} "
                         f"sentences. Delete it or choose another --out.")
-    h = hashlib.sha256("\n".join(src).encode()).hexdigest()
-    key = {"data_sha256": h, "lines": len(src), "mt_model": args.mt_model, "prefix": args.prefix,
-           "num_beams": args.num_beams, "max_new_tokens": args.max_new_tokens,
-           "max_source_len": args.max_source_len}
+    key = {"data_sha256": hashlib.sha256("\n".join(src).encode()).hexdigest(), "lines": len(src),
+           "mt_model": args.mt_model, "prefix": args.prefix, "num_beams": args.num_beams,
+           "max_new_tokens": args.max_new_tokens, "max_source_len": args.max_source_len}
     done = 0
     if part.exists():
         try:
@@ -191,9 +169,8 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
                             f"with the earlier flags.")
         with open(part, "r+b", opener=no_follow) as f:
             raw = f.read()
-            keep = raw[: raw.rfind(b"\n") + 1]  # a line cut by the kill is translated again
-            f.truncate(len(keep))
-        done = keep.count(b"\n")
+            f.truncate(raw.rfind(b"\n") + 1)            # a line cut by the kill is translated again
+        done = raw.count(b"\n")
         print(f"{part}: resuming after {done} of {len(src)} lines", file=sys.stderr)
 
     if done < len(src):
@@ -206,29 +183,22 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
             open(part, "xb", opener=no_follow).close()
-        prefix = args.prefix
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
-        if prefix == "auto":
-            prefix = T5_PREFIX if model.config.model_type == "t5" else ""
-        batch_size = args.batch_size or (AUTO_BATCH_CUDA if device.type == "cuda" else AUTO_BATCH_CPU)
+        t5 = "translate English to German: " if model.config.model_type == "t5" else ""
+        prefix = t5 if args.prefix == "auto" else args.prefix
+        batch_size = args.batch_size or (1024 if device.type == "cuda" else 64)
         print(f"translating {len(src) - done} sentences of {args.data} into {out}", file=sys.stderr)
+        # Chunks start at multiples of --chunk_size, sorted by length inside; the chunk a kill cut is
+        # translated again whole (the same batches, so the same lines), and only its new lines appended.
+        first = done - done % args.chunk_size
         empty, t0 = 0, time.perf_counter()
-        with progress(total=len(src), desc="translating", unit="sent", initial=done) as bar, \
+        with progress(total=len(src), desc="translating", unit="sent", initial=first) as bar, \
                 open(part, "a", encoding="utf-8", opener=no_follow) as f:
-            # Chunks start at multiples of --chunk_size of the input, each sorted by length
-            # inside and appended whole, in the input's order. A chunk cut by a kill is
-            # translated again whole (the same batches, so the same lines), and only its lines
-            # past the finished ones are written: every finished line is kept.
-            for c0 in range(done - done % args.chunk_size, len(src), args.chunk_size):
+            for c0 in range(first, len(src), args.chunk_size):
                 chunk = src[c0:c0 + args.chunk_size]
-                skip = max(0, done - c0)                # lines of this chunk already in <out>.part
-                seen = [0]
-
-                def on_batch(k: int) -> None:           # the bar counts new lines only
-                    before, seen[0] = seen[0], seen[0] + k
-                    bar.update(max(0, seen[0] - skip) - max(0, before - skip))
                 lines, batch_size = translate_chunk(model, tok, chunk, args, prefix, device,
-                                                    batch_size, on_batch)
+                                                    batch_size, bar.update)
+                skip = max(0, done - c0)                # lines of this chunk already in <out>.part
                 lines, chunk = lines[skip:], chunk[skip:]
                 # NOTE(ours): an empty translation keeps the English line, so the files stay
                 # parallel line for line (a blank German line would be skipped when read)
@@ -243,9 +213,8 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             print(f"note: {empty} of {new} translations came back empty; their English line was "
                   f"kept in their place", file=sys.stderr)
         del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()                    # the GPU's memory goes back to training
-    if (n_out := count_lines(part)) != len(src):
+        torch.cuda.empty_cache()                        # the GPU's memory goes back to training
+    if (n_out := inputs.count_lines(part)) != len(src):
         raise UserError(f"{part}: {n_out} lines where {len(src)} were expected (did two runs "
                         f"translate into it at once?); delete it and {meta} and translate again.")
     os.replace(part, out)
@@ -260,9 +229,8 @@ def failure_marker(out: Path) -> Path:
 
 
 def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Under torchrun, the ranks other than 0 wait for rank 0's translation by polling the file
-    system (a collective times out in minutes; a translation takes hours); rank 0's failure ends
-    the wait with its message."""
+    """Ranks other than 0 poll for rank 0's file or its failure (a collective times out in minutes; a
+    translation takes hours)."""
     print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
     while not out.exists():
         if (failed := failure_marker(out)).exists():
@@ -270,9 +238,8 @@ def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
         time.sleep(poll_s)
 
 
-def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch.device) -> None:
+def make_fraternal_file(data: str, out: Path, mt_model: str, device: torch.device) -> None:
     """ifcl.py's first run: rank 0 translates --data into `out`; the other ranks wait for it."""
-    out = Path(out)
     rank, world_size = world()
     if rank > 0:
         return wait_for_file(out)
@@ -287,21 +254,18 @@ def make_fraternal_file(data: str, out: str | Path, mt_model: str, device: torch
 
 
 # -------------------------------------------------------------------------------------
-# ifcl.py's German file, behind one call: fraternal_file(args) before common.start checks it
-# (and names the file a first run makes); .sentences() after start makes it if needed and reads it
+# ifcl.py's German file: fraternal_file(args) before common.start, .sentences() after it
 # -------------------------------------------------------------------------------------
 
-def translate_command(data: str, out: str | None = None, mt_model: str = "t5-base") -> str:
+def translate_command(data: str, out: str | Path, mt_model: str) -> str:
     """The command that makes a German file of `data` on its own, as a user types it."""
-    out = f" --out {out}" if out else ""
-    return f"python tools/translate.py --data {data}{out} --mt_model {mt_model}"
+    return f"python tools/translate.py --data {data} --out {out} --mt_model {mt_model}"
 
 
 @dataclass
 class FraternalFile:
-    """--fraternal_data of an IFCL run: a file of the user's, or the German file this run makes
-    from --data with --mt_model (`made_here`), which does not exist yet when `to_make`; `models`:
-    those it loads ({flag: (name, one more way out)}), for common.start to find with the rest."""
+    """--fraternal_data: a file of the user's, or the one made from --data (`made_here`), not there yet
+    when `to_make`; `models` ({flag: (name, one more way out)}): for common.start to find."""
     path: Path
     data: str
     mt_model: str
@@ -310,16 +274,15 @@ class FraternalFile:
     models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
-        """After common.start (the flags and --data checked, the run folder held): on the first run
-        rank 0 translates --data while the other ranks wait for the file; then the German lines,
-        one per English sentence of --data (`n` of them, blank lines skipped in both)."""
+        """After common.start: on the first run rank 0 translates --data while the other ranks wait;
+        then the German lines, one per sentence of --data (`n`, blank lines skipped in both)."""
         if self.to_make:
             make_fraternal_file(self.data, self.path, self.mt_model, device)
         return self.read(n)
 
     def read(self, n: int) -> list[str]:
         """The German lines, `n` of them: a file of another length is refused, saying what to do."""
-        de = read_sentences(self.path, "--fraternal_data")
+        de = inputs.read_sentences(self.path, "--fraternal_data")
         if len(de) == n:
             return de
         if self.made_here:
@@ -334,22 +297,19 @@ class FraternalFile:
 
 
 def fraternal_file(args: Any) -> FraternalFile:
-    """ifcl.py's one call for its German side, before common.start: --data first (unless a default
-    that start fetches); --fraternal_data left out becomes the file made from --data (args.json
-    records it); a file of the user's exists and is parallel to --data; one to make needs a seq2seq
-    --mt_model, and rank 0 removes an earlier launch's failure marker before the ranks meet. Whether
-    the models can be had at all, start says (german.models) with all else missing, in seconds."""
-    if not downloads.fetched_on_first_use(args.data):
-        read_sentences(args.data, "--data")       # a missing or unreadable --data, named as such
+    """ifcl.py's one call before common.start: a --fraternal_data left out becomes the file made from
+    --data (args.json records it), which needs a seq2seq --mt_model; a file of the user's must be parallel
+    to --data. Whether the models can be had at all, start says (german.models) with all else missing."""
+    # --data first, named as such when missing or unreadable (unless a default that start fetches)
+    n = 0 if downloads.fetched_on_first_use(args.data) else len(inputs.read_sentences(args.data))
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
-    if not args.fraternal_data:                   # made from --data on the first run, then reused
-        args.fraternal_data = str(made)
+    args.fraternal_data = args.fraternal_data or str(made)     # made on the first run, then reused
     german = FraternalFile(Path(args.fraternal_data), args.data, args.mt_model,
                            made_here=args.fraternal_data == str(made), to_make=False,
                            models={"--fraternal_model": (args.fraternal_model, "")})
     if german.path.is_file():
-        if Path(args.data).is_file():             # parallel to --data, line by line
-            german.read(len(read_sentences(args.data, "--data")))
+        if n:                                     # parallel to --data, line by line
+            german.read(n)
     elif not german.made_here:
         raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
