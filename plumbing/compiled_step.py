@@ -1,6 +1,5 @@
-"""The step made fast on a GPU, behind train_step's one call: torch.compile with CUDA graphs in one
-process (a few launches a step instead of hundreds), DDP across GPUs under torchrun, the attention
-kernel that is fastest for short sentences. Nothing here changes what a step computes."""
+"""The step made fast behind train_step's one call: torch.compile with CUDA graphs (a few launches a step,
+not hundreds), DDP under torchrun, the fastest attention kernel. What a step computes is unchanged."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ def attention_kernels():
 
 
 def stacked(model: Callable) -> Callable:
-    """model(batch) with the logged figures leaving as ONE vector: (loss, names, (k,) tensor).
-    Inductor may hand back one buffer for the loss and a figure it proves equal to it (`l + 0`
-    folds to `l`, a detach is free); AOTAutograd then marks that figure non-differentiable, and
-    with it the loss, which loses its gradient (pytorch/pytorch#100348). A stacked vector is a
-    buffer of its own."""
+    """model(batch) with the logged figures as ONE vector: (loss, names, (k,) tensor). Inductor may return
+    one buffer for the loss and a figure equal to it (`l + 0`, a detach), which AOTAutograd then marks
+    non-differentiable, the loss with it (pytorch/pytorch#100348). A stacked vector is a buffer of its own."""
     def forward(batch: dict):
         out = model(batch)
         loss, stats = out if isinstance(out, tuple) else (out, {})
@@ -32,9 +29,8 @@ def stacked(model: Callable) -> Callable:
 
 
 class CompiledModel:
-    """model(batch) through torch.compile: forward and backward fused and, in one process, replayed
-    from CUDA graphs (a few launches instead of hundreds); under DDP, whose hooks run inside the
-    backward, no graphs. If compiling fails: one note, then the model itself from there on.
+    """model(batch) through torch.compile, replayed from CUDA graphs in one process (DDP's hooks run inside
+    the backward: no graphs there). If compiling fails: one note, then the model itself from there on.
     `backend`: inductor on CUDA, aot_eager on the CPU (tests name inductor there)."""
 
     def __init__(self, model: nn.Module, device: torch.device, world_size: int = 1,
@@ -46,22 +42,21 @@ class CompiledModel:
                                       backend=backend)
 
     def __call__(self, batch: dict):
-        if self.compiled is None:
-            return self.model(batch)
-        try:
-            if self.graphs:
-                torch.compiler.cudagraph_mark_step_begin()     # the last step's outputs are consumed
-            with attention_kernels():
-                loss, names, figures = self.compiled(batch)
-            return loss, dict(zip(names, figures.unbind() if names else ()))
-        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt):
-            raise
-        except Exception as e:
-            print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
-            self.compiled = None
-            self.model.zero_grad(set_to_none=True)             # what the failed attempt left behind
-            return self.model(batch)
+        if self.compiled is not None:
+            try:
+                if self.graphs:
+                    torch.compiler.cudagraph_mark_step_begin()     # the last step's outputs are consumed
+                with attention_kernels():
+                    loss, names, figures = self.compiled(batch)
+                return loss, dict(zip(names, figures.unbind() if names else ()))
+            except torch.cuda.OutOfMemoryError:                    # Ctrl-C is no Exception: it passes too
+                raise
+            except Exception as e:
+                print(f"note: the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                      f"running eager from here on (pass --no-compile to skip compiling)", file=sys.stderr)
+                self.compiled = None
+                self.model.zero_grad(set_to_none=True)             # what the failed attempt left behind
+        return self.model(batch)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -72,7 +67,6 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def compiled_forward(model: nn.Module, device: torch.device, compile: bool, world_size: int) -> Callable:
-    """model(batch) as train() calls it: under DDP with several processes, compiled on a GPU
-    unless --no-compile (on a CPU the model itself)."""
+    """model(batch) as train() calls it: DDP over several processes, compiled on a GPU unless --no-compile."""
     net = wrap_ddp(model, device) if world_size > 1 else model
     return CompiledModel(net, device, world_size) if compile and device.type == "cuda" else net

@@ -1,7 +1,5 @@
-"""The two errors that end a command in one line: a refused input (UserError, exit status 2) and
-a write the system refused (WriteFailed, exit status 4, naming what is intact and what to run
-once it can be written again). Libraries report a refused write in their own words; refused_write
-finds the system's reason in them."""
+"""The errors that end a command in one line: a refused input (UserError, exit status 2) and a write
+the system refused (WriteFailed, exit status 4), recognised in the words of the library that wrote."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ class NothingToDo(Exception):
 
 
 class WriteFailed(Exception):
-    """A write that failed (disk full, quota, read-only, permission): one line, exit status 4.
-    `kept` (what is intact) and `then` (what to run next) are the writer's, where it knows them;
-    else the run folder's (line())."""
+    """A write the system refused (disk full, quota, read-only, permission): one line, exit status 4.
+    `kept` (what is intact) and `then` (what to run next): the writer's where it knows them, else line()'s."""
 
     def __init__(self, what: str, reason: str, remedy: str, kept: str | None = None, then: str | None = None):
         super().__init__(what)
@@ -34,51 +31,43 @@ class WriteFailed(Exception):
         return (f"could not write {self.what}: {self.reason}. {self.kept or kept}; once it can be written "
                 f"again ({self.remedy}), {self.then or then}.")
 
-    def __str__(self) -> str:
-        return self.line()
+    __str__ = line                              # its defaults where no run folder says what is intact
 
 
-# The libraries' own exceptions for a write the system refused, beside OSError: torch.save raises
-# RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos N vs M", chained on
-# "basic_ios::clear: iostream error"), safetensors its SafetensorError and the tokenizers a bare
-# Exception, both ending in "(os error 28)". Any other exception is a bug: its traceback stays.
+# A write the system refused, in the libraries' words beside OSError: torch.save's RuntimeError
+# ("[enforce fail at inline_container.cc:672] ...", from "basic_ios::clear: iostream error"), and
+# safetensors' and the tokenizers' errors that end in "(os error 28)". Any other exception is a bug.
 TORCH_IO = ("inline_container.cc", "iostream error")
 OS_ERROR = re.compile(r"\(os error (\d+)\)")
-# what to make possible again, by the system's reason
-REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",
+REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",  # to make possible again
           errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
           errno.EIO: "a disk that works again: the system's log says what failed"}
 
 
 def refused_write(e: BaseException) -> tuple[int | None, str] | None:
-    """(errno, the system's words) for an exception that says the system refused a write: an
-    OSError, or a library's error above (the errno found in it or in what it was raised from).
-    None for any other exception."""
+    """(errno, the system's words) where `e`, or what it came from, says a write was refused; else None."""
     if not (isinstance(e, OSError) or OS_ERROR.search(str(e))
             or isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_IO)):
         return None
-    seen = []
-    while e is not None and e not in seen and len(seen) < 8:
-        seen.append(e)
+    for _ in range(8):                          # down the chain, 8 deep at most: a chain may loop
         if isinstance(e, OSError):
             return e.errno, e.strerror or str(e)
         if m := OS_ERROR.search(str(e)):
             return int(m[1]), os.strerror(int(m[1]))
         e = e.__cause__ or e.__context__
+        if e is None:
+            break
     return None, "an I/O error (the library did not say which)"
 
 
 @contextlib.contextmanager
 def writing(what: str, kept: str | Callable[[], str] | None = None, then: str | None = None):
-    """A write the system refuses inside (refused_write) becomes WriteFailed: what, why, what is
-    intact (`kept`, or a function that says it, asked only then) and what next (`then`), the last
-    two filled in by the run folder where the writer leaves them out. Any other exception passes
-    as it is."""
+    """A write the system refuses inside becomes WriteFailed: what, why, what is intact (`kept`, or a
+    function asked only then), what next (`then`). Any other exception passes as it is."""
     try:
         yield
     except Exception as e:
-        refused = refused_write(e)
-        if refused is None:
+        if (refused := refused_write(e)) is None:
             raise
         code, reason = refused
         kept = kept() if callable(kept) else kept

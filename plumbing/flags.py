@@ -1,6 +1,4 @@
-"""The command line's flags: one @dataclass of arg() fields per command becomes argparse flags (help,
-source of the default, range); which flags a run changed, the run folder named after them, and the
-paper's rows they reproduce (select_rows). The training flags are common.TrainArgs, a row common.PaperRow."""
+"""Flags: argparse from a @dataclass of arg() fields; the flags a run changed, its folder, its paper rows."""
 
 from __future__ import annotations
 
@@ -9,60 +7,51 @@ import dataclasses
 import difflib
 import hashlib
 import math
-import operator
 import os
 import re
 import sys
+from operator import ge, gt, le, lt
 from pathlib import Path
 from typing import Any, Sequence, get_args, get_origin, get_type_hints
 
 from plumbing.errors import UserError
 
-RANGE_WORDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le),
-               "lt": ("<", operator.lt)}
+RANGE_WORDS = {"ge": (">=", ge), "gt": (">", gt), "le": ("<=", le), "lt": ("<", lt)}
 
 
 def arg(default: Any, help: str, source: str = "ours", choices: list | None = None, note: str = "",
         positional: bool = False, **bounds: float) -> Any:
-    """A dataclass field: its help, where its default comes from (paper Tab. N, paper Sec. N,
-    official code, ours), its range (bounds: ge >=, gt >, le <=, lt <; each element of a list) and
-    a `note` for a range error (the values the paper used). `positional`: compare's bare words."""
-    checks = [(*RANGE_WORDS[k], bound) for k, bound in bounds.items()]     # (">=", operator.ge, 0)
+    """A dataclass field: its help, its default's source (paper Tab. N, official code, ours), its range
+    (ge=0: >= 0, each element of a list), a `note` for a range error; `positional`: compare's bare words."""
+    checks = [(*RANGE_WORDS[k], bound) for k, bound in bounds.items()]     # (">=", ge, 0)
     meta = dict(help=help, source=source, choices=choices, note=note, positional=positional, range=checks)
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-# Flags that say where and how a run is written and shown, not what it trains: --resume may
-# change them, the default run folder's name leaves them out, compare.py ignores them
+# How a run is written, not what it trains: --resume may change them, run names and compare.py omit them
 NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile", "eval_untrained")
-# Flags no paper row depends on: the budget and the data, so that a short run, or one on other
-# sentences, still shows its rows (a row that needs a CSV names it: PaperRow.data)
+# No row depends on them: a short run, or one on other sentences, shows its rows (a CSV's: PaperRow.data)
 ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
 
 
-def field_default(f: dataclasses.Field) -> Any:
-    """The default of a field that arg() made (a list default comes from a factory)."""
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
 def check_ranges(args: Any) -> None:
-    """Every text UTF-8, every number finite (argparse reads inf and nan as floats) and in the range
-    its arg() declares, else a UserError: flag, value, rule, note, default."""
+    """Each value UTF-8, finite (argparse takes inf and nan as floats), in its arg() range; else UserError."""
+    defaults = type(args)()
     for f in dataclasses.fields(args):
-        value, default = getattr(args, f.name), flag_text(f.name, field_default(f))
-        note = f" {f.metadata['note']}" if f.metadata.get("note") else ""
+        value, default = getattr(args, f.name), flag_text(f.name, getattr(defaults, f.name))
+        note = f" {f.metadata['note']}" if f.metadata["note"] else ""
         for x in value if isinstance(value, list) else [value]:
             # a byte of argv that is not UTF-8 (in a file's name) comes as a surrogate: no UTF-8 file holds it
             if isinstance(x, str) and x.encode(errors="ignore").decode() != x:
-                flag = "" if f.metadata.get("positional") else f"--{f.name} "
+                flag = "" if f.metadata["positional"] else f"--{f.name} "
                 raise UserError(f"{flag}{os.fsencode(x).decode(errors='backslashreplace')}: not valid UTF-8: "
                                 f"rename the file or folder, and pass its new name.")
             if isinstance(x, float) and not math.isfinite(x):
                 raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
                                 f"{default}.")
-            for word, ok, bound in f.metadata.get("range", []):
+            for word, ok, bound in f.metadata["range"]:
                 if not ok(x, bound):
                     raise UserError(f"--{f.name} {x}: must be {word} {bound:g}.{note} Pass a value in "
                                     f"range, e.g. the default {default}.")
@@ -72,37 +61,32 @@ def flag_text(name: str, value: Any) -> str:
     """A flag as a user types it: --tau 0.05, --no_mlp, --no-modulate, --phi 0.01 0.02."""
     if isinstance(value, bool):
         return f"--{name}" if value else f"--no-{name}"
-    if isinstance(value, list):
-        return " ".join([f"--{name}", *(f"{v:g}" if isinstance(v, float) else str(v) for v in value)])
-    return f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}"
+    values = value if isinstance(value, list) else [value]
+    return " ".join([f"--{name}", *(f"{v:g}" if isinstance(v, float) else str(v) for v in values)])
 
 
 def defaults_of(args: Any) -> Any:
-    """The defaults of `args`' command on its kind of --data: with its CSV_DEFAULTS for a CSV."""
     return type(args)(**(getattr(type(args), "CSV_DEFAULTS", {}) if _csv(args) else {}))
 
 
 def _csv(args: Any) -> bool:
-    """Whether --data is a CSV (SimCSE's supervised form), not a text file."""
-    return str(getattr(args, "data", "")).lower().endswith(".csv")
+    return str(getattr(args, "data", "")).lower().endswith(".csv")     # SimCSE's supervised form
 
 
 def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[str, Any]:
-    """The flags whose values differ from the defaults (defaults_of), in the order of Args."""
     defaults = defaults_of(args)
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
             if f.name not in leave_out and getattr(args, f.name) != getattr(defaults, f.name)}
 
 
 def script_name(args: Any) -> str:
-    """The script whose Args `args` is: simcse, focal_infonce, ... (its module's file name)."""
-    module = sys.modules.get(type(args).__module__)
-    return Path(getattr(module, "__file__", None) or type(args).__module__).stem
+    """The script that declares `args` (an Args, or its class): simcse, focal_infonce, ..."""
+    module = sys.modules.get(args.__module__)
+    return Path(getattr(module, "__file__", None) or args.__module__).stem
 
 
 def default_output_dir(args: Any) -> str:
-    """runs/<script>/<each flag that differs from its default>: runs/focal_infonce/m0.2, runs/simcse/default;
-    a path named by its last part, a name over 100 bytes cut (a hash of the whole keeps it apart)."""
+    """runs/<script>/<the flags that differ (a path by its last part)>, e.g. runs/focal_infonce/m0.2."""
     parts = [f"{name}-{Path(value).name or value}" if isinstance(value, str)
              else flag_text(name, value)[2:].replace(" ", "", 1).replace(" ", "-")
              for name, value in changed_flags(args).items()]
@@ -112,22 +96,19 @@ def default_output_dir(args: Any) -> str:
     return str(Path("runs") / script_name(args) / name)
 
 
-def closest(word: str, among: list[str]) -> list[str]:
-    """What `word` most likely meant: the names it begins, else up to two look-alikes (difflib)."""
-    return [o for o in among if o.startswith(word)][:3] or difflib.get_close_matches(word, among, 2, 0.75)
+def did_you_mean(word: str, among: list[str], before: str = "") -> str:
+    """'; did you mean --max_steps or --max_len?': the names `word` begins, else up to two look-alikes."""
+    near = [o for o in among if o.startswith(word)][:3] or difflib.get_close_matches(word, among, 2, 0.75)
+    return f"; did you mean {before}{' or '.join(near)}?" if near else "."
 
 
 NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", re.I)     # -5 and -1e-3 are values, not flags
-# The official SimCSE code's flags (run_unsup_example.sh: its own, HF Trainer's), each said as this
-# project's flag and what differs; one applies where the command has that flag ("": a training command)
-LOOP = "not needed: every run trains, evaluates STS-B dev every --eval_every steps, keeps the best in best/"
+# The official SimCSE code's flags: ours, said where a command has it ("": where it trains), what differs
 OFFICIAL = {
-    "--temp": ("--tau", ""), "--learning_rate": ("--lr", ""), "--num_train_epochs": ("--epochs", ""),
-    "--max_seq_length": ("--max_len", ""), "--model_name_or_path": ("--model", ""),
-    "--train_file": ("--data", ""), "--eval_steps": ("--eval_every", ""),
-    "--logging_steps": ("--log_every", ""),
+    "--temp": ("--tau", ""), "--model_name_or_path": ("--model", ""), "--num_train_epochs": ("--epochs", ""),
+    "--learning_rate": ("--lr", ""), "--max_seq_length": ("--max_len", ""), "--train_file": ("--data", ""),
+    "--eval_steps": ("--eval_every", ""), "--logging_steps": ("--log_every", ""),
     "--per_device_train_batch_size": ("--batch_size", ", global over all GPUs here, per GPU there"),
-    # cl_forward adds w to the hard negative's logit: e^{sim/tau + w} = e^w e^{sim/tau}, Sec. 6.3's alpha
     "--hard_negative_weight": ("--alpha", ", a weight on e^{sim/tau}: that code adds its w to the hard "
                                "negative's logit sim/tau, so --alpha = e^w (w = ln alpha)"),
     "--pooler_type": ("--pooler", "; its cls with --mlp_only_train is --pooler cls_before_pooler here, "
@@ -138,19 +119,16 @@ OFFICIAL = {
     "--overwrite_output_dir": ("", "a run folder is never written over: pass a new "
                                "--output_dir, or --resume to continue the run there"),
     **dict.fromkeys(["--do_train", "--do_eval", "--evaluation_strategy", "--metric_for_best_model",
-                     "--load_best_model_at_end"], ("", LOOP)),
+                     "--load_best_model_at_end"], ("", "not needed: every run trains, evaluates STS-B dev "
+                                                   "every --eval_every steps, keeps the best in best/")),
 }
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with allow_abbrev=False (build_parser: `--max_step 5` is refused, not taken for
-    --max_steps); a refusal is one line, a UserError (exit status 2 under run_main) that names the
-    closest flag or value, not usage lines. --help is argparse's own."""
-    command = ""                                 # as a user types it: python simcse.py
-    defaults: dict[str, Any] = {}                # --flag: its default, for the examples
+    """argparse whose refusal is one line, a UserError (exit status 2) naming the closest flag or value;
+    build_parser sets its `command` (as typed: python simcse.py) and `defaults` (Args(), for examples)."""
 
     def error(self, message: str):
-        """argparse's refusal (its `message`), said in one line."""
         flags = {o: a for a in self._actions for o in a.option_strings if o != "-h"}
         if message.startswith("unrecognized arguments: "):
             raise UserError(self.unknown(message.split(": ", 1)[1].split(" "), flags))
@@ -159,10 +137,9 @@ class Parser(argparse.ArgumentParser):
         choice = re.match(r"invalid choice: (['\"])(.*?)\1", what)
         if choice and flag in flags:
             choices = [str(c) for c in flags[flag].choices]
-            near = closest(choice[2], choices)
             raise UserError(f"{flag} {choice[2]}: not one of {', '.join(choices)}"
-                            + (f"; did you mean {flag} {' or '.join(near)}?" if near else "."))
-        default = self.defaults.get(flag, "")
+                            f"{did_you_mean(choice[2], choices, f'{flag} ')}")
+        default = getattr(self.defaults, flag[2:], "")
         shown = default not in ("", []) and default is not False       # a switch that is off: no example
         example = f", e.g. {flag_text(flag[2:], default)} (the default)" if shown else ""
         if kind := re.match(r"invalid (int|float) value: (['\"])(.*)\2", what):
@@ -172,8 +149,7 @@ class Parser(argparse.ArgumentParser):
                         f"each flag takes.")
 
     def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
-        """What argparse could not place: values no flag takes, or flags it does not know, each with
-        the closest ones or, the official code's (OFFICIAL), with this project's and what differs."""
+        """Unknown flags, each with the closest or, the official code's, with ours; else a stray value."""
         said: dict[str, list[str]] = {}              # what is said: the flags it is said of
         for i, word in enumerate(words):
             if not word.startswith("-") or NUMBER.fullmatch(word):
@@ -181,55 +157,48 @@ class Parser(argparse.ArgumentParser):
             flag, _, value = word.partition("=")
             after = words[i + 1] if i + 1 < len(words) else "-"
             value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
-            ours, what = OFFICIAL.get(flag, ("-", ""))
-            if (ours.split() or ["--max_steps"])[0] in flags:            # "": a training command's
+            ours, what = OFFICIAL.get(flag, (None, ""))
+            if ours is not None and (ours.split()[0] if ours else "--max_steps") in flags:
                 if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
                     what += f": pass --alpha {math.exp(float(value)):g}"
                 what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
                 flag = f"{flag} {value}".strip()
             else:
-                near = closest(flag, list(flags))
-                what = "no such flag" + (f"; did you mean {' or '.join(near)}?" if near else ".")
+                what = f"no such flag{did_you_mean(flag, list(flags))}"
             said.setdefault(what, []).append(flag)
-        if not said:
-            return (f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
-                    f"none). `{self.command} --help` lists every flag.")
-        said_all = " ".join(f"{', '.join(given)}: {what}" for what, given in said.items())
-        return f"{said_all} `{self.command} --help` lists every flag."
+        lines = [f"{', '.join(given)}: {what}" for what, given in said.items()] or [
+            f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes none)."]
+        return f"{' '.join(lines)} `{self.command} --help` lists every flag."
 
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> Parser:
     """argparse flags from a dataclass of arg() fields, each help line ending in [source] (default)."""
     parser = Parser(description=description, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    allow_abbrev=False)
-    script = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    parser.command = prog or (f"python {Path(script).name}" if script else parser.prog)
-    parser.defaults = {f"--{f.name}": field_default(f) for f in dataclasses.fields(cls)}
+                    allow_abbrev=False)         # --max_step is refused, not taken for --max_steps
+    parser.command, parser.defaults = prog or f"python {script_name(cls)}.py", cls()
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        default, hint, meta = field_default(f), hints[f.name], f.metadata
-        source = getattr(cls, "SOURCES", {}).get(f.name, meta.get("source", "ours"))
+        default, hint, meta = getattr(parser.defaults, f.name), hints[f.name], f.metadata
+        source = getattr(cls, "SOURCES", {}).get(f.name, meta["source"])
         # the real default in --help; SUPPRESS tells parse_args which flags were given
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{meta.get('help', '')} [{source}]"
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{meta['help']} [{source}]"
                               + ("" if default == "" else f" (default: {default})")}
-        kw.update({"choices": meta["choices"]} if meta.get("choices") else {})   # a switch takes none
-        if meta.get("positional"):
+        kw.update({"choices": meta["choices"]} if meta["choices"] else {})    # a switch takes none
+        if meta["positional"]:
             parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
         elif hint is bool:
             action = argparse.BooleanOptionalAction if default else "store_true"
             parser.add_argument(f"--{f.name}", action=action, **kw)
+        elif get_origin(hint) is list:
+            parser.add_argument(f"--{f.name}", type=get_args(hint)[0], nargs="*", **kw)
         else:
-            many = get_origin(hint) is list
-            parser.add_argument(f"--{f.name}", type=get_args(hint)[0] if many else hint,
-                                nargs="*" if many else None, **kw)
+            parser.add_argument(f"--{f.name}", type=hint, **kw)
     return parser
 
 
 def parse_args(cls: type, argv: list[str] | None = None, description: str | None = None,
                prog: str | None = None) -> Any:
-    """The one way every command reads its flags: argparse from `cls`, each value checked, then a
-    training script's rules() between flags: every flag's mistake is refused here (its files, by
-    common.start). The flags not given take their kind of --data's defaults (a CSV's: a note)."""
+    """Every command's flags, each checked, then rules() between them: any flag's mistake is refused here."""
     given = vars(build_parser(cls, description, prog).parse_args(argv))
     args = dataclasses.replace(defaults_of(cls(**given)), **given)
     check_ranges(args)
@@ -243,7 +212,6 @@ def parse_args(cls: type, argv: list[str] | None = None, description: str | None
 
 
 def _same(a: Any, b: Any) -> bool:
-    """A flag's value equals a row's: lists element by element, numbers up to rounding."""
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(map(_same, a, b))
     numbers = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
@@ -251,16 +219,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _model_name(model: str) -> str:
-    """An encoder as rows name it: FacebookAI/roberta-base, roberta-base, .../roberta-base/ are one."""
-    return Path(model.rstrip("/")).name.lower()
+    return Path(model.rstrip("/")).name.lower()     # FacebookAI/roberta-base, .../roberta-base/: roberta-base
 
 
 def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], str]:
-    """The rows (common.PaperRow) that `args` reproduces, each with its label, and a note ("" if none
-    is needed). A row matches when its model and data are the run's and every flag that changes
-    training (all but NOT_TRAINING, ROW_FREE and the script's OWN_ROW_FREE) has the row's value, or
-    the default where the row names none. A model the paper did not train is compared as the
-    script's default model, its rows so labelled. No match: the note names the flags no row covers."""
+    """The rows (common.PaperRow) whose model, data and training flags (the default where a row names
+    none) are the run's, and a note: a model the paper did not train stands as the script's default."""
     defaults = defaults_of(args)
     free = {*NOT_TRAINING, *ROW_FREE, *type(args).OWN_ROW_FREE, "model"}
     stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}
