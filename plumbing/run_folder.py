@@ -1,8 +1,7 @@
-"""The run folder (--output_dir). common.start names it (RunFolder.named: the flag, or the default
-folder for these flags and this code) and opens it last (open: held, checked, its record written
-or --resume held to it); train() keeps its log, last/ and best/ there (RunFolder.of). The record:
-args.json (the flags), run.json (the script and the fingerprints of the data and of the code that
-shapes training, the script and common.py), code/ (copies of both as the run started). Four rules:
+"""The run folder (--output_dir), named and opened by common.start (RunFolder.named, .open), where
+train() keeps its log, last/ and best/ (RunFolder.of). Its record: args.json (the flags), run.json
+(the script; the data's fingerprint and the code's: the script and common.py) and code/ (copies of
+both as the run started). Four rules:
 1. A run writes only into a folder it made, an empty one, or its own run folder (run.json, and
    nothing but what a run writes): any other is refused before anything is written; nothing is
    written in place while another name shares the file (a hard link).
@@ -244,12 +243,10 @@ class RunFolder:
         code = [f for f in self.code if run["code"].get(f, self.code[f]) != self.code[f]]
         diffs += [f"{f}: changed since the run started (its copy: {out / CODE / f})" for f in code]
         listed = "".join(f"\n  {d}" for d in diffs)
-        if not self.resuming and diffs:
-            raise UserError(f"--output_dir {out} already holds another run:{listed}\nTo start this one, "
-                            f"{elsewhere} (or delete the folder).")
-        if not self.resuming:
-            raise UserError(f"--output_dir {out} already holds a run. Add --resume to continue it, or "
-                            f"{elsewhere} (or delete the folder) to start afresh.")
+        if not self.resuming:       # with other code or flags, --resume would be refused: not suggested
+            what = f"another run:{listed}\nTo start this one, " if diffs else \
+                "a run. Add --resume to continue it, or to start afresh, "
+            raise UserError(f"--output_dir {out} already holds {what}{elsewhere} (or delete the folder).")
         if diffs:
             how = f"\n(`diff {out / CODE / code[0]} {code_files(self.args)[code[0]]}` shows how; put it " \
                   f"back to continue the run)" if code else ""
@@ -570,14 +567,11 @@ class Stage:
         return summary
 
     def open(self) -> None:
-        """Before the stage trains: what a kill during a commit left, put back; a stage killed before
-        its first checkpoint, started again; its folder made. Every rank waits."""
+        """Before the stage trains: what a kill during a commit left, put back; its folder made. Every
+        rank waits."""
         if world()[0] == 0:
-            if self.path.exists():
-                for kept in ("best", "end"):
-                    recover_dir(self.path / kept)
-                if not (recover_dir(self.path / "last") / "state.pt").exists():
-                    shutil.rmtree(self.path)       # nothing of it to keep
+            for kept in ("best", "end", "last"):       # a stage with no last/ starts again from step 0
+                recover_dir(self.path / kept)
             with writing(str(self.path), lambda: kept_in(self.path)):
                 self.path.mkdir(parents=True, exist_ok=True)
         barrier()
