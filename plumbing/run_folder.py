@@ -84,10 +84,11 @@ def read_record(path: Path, remedy: str = "Put the file back, or train the run a
                         f"be checked against it. {remedy}")
 
 
-def another_folder(out: Path) -> Path:
-    """A folder beside `out` that does not exist yet: out-2, out-3, ... (/run-2 for /)."""
+def elsewhere(out: Path) -> str:
+    """What to do instead: another folder beside `out` that does not exist yet (out-2, out-3, ...)."""
     out = out if out.name else out / "run"
-    return next(p for k in range(2, 10**6) if not (p := out.with_name(f"{out.name}-{k}")).exists())
+    k = next(k for k in range(2, 10**6) if not _try(out.with_name(f"{out.name}-{k}").exists))
+    return f"choose another --output_dir, e.g. {out.with_name(f'{out.name}-{k}')}"
 
 
 def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
@@ -208,7 +209,7 @@ class RunFolder:
     def refuse_unless_ours(self, made: bool) -> None:
         """Rules 1 and 2: refuse, before anything is written, a folder that is neither new, empty nor
         this run's own, and a --resume that is not this run's (flags, data, script or code)."""
-        out, elsewhere = self.out, f"choose another --output_dir, e.g. {another_folder(self.out)}"
+        out = self.out
         if made or out.is_dir() and all(p.name == LOCK or TEMPORARY.fullmatch(p.name) for p in out.iterdir()):
             if self.resuming:
                 raise UserError(f"--resume: no run in {out} to continue. Run without --resume to start, "
@@ -224,15 +225,16 @@ class RunFolder:
             why = why or (f"{out / 'run.json'} is not a run's record" if has["run.json"] else "no run.json")
             raise UserError(f"--output_dir {out}: {why}, so it is not a run folder of this project. A run "
                             f"writes only into a new or empty folder, or its own, so that nothing else is "
-                            f"overwritten: {elsewhere}.")
+                            f"overwritten: {elsewhere(out)}.")
         if why:
             raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
                             f"a run never writes through a link or over a file of yours: remove it (or put "
-                            f"a copy of what a link points to in its place), or {elsewhere}.")
+                            f"a copy of what a link points to in its place), or {elsewhere(out)}.")
         if not has["run.json"] or record and "code" not in record:
             raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
                             f"did not record its code, so this cannot be shown to be the same run; it is "
-                            f"left as it is (its best/ loads as any model). To train again, {elsewhere}.")
+                            f"left as it is (its best/ loads as any model). To train again, "
+                            f"{elsewhere(out)}.")
         run, then = read_record(out / "run.json"), read_record(out / "args.json")
         diffs = [f"--{k}: the run has {then.get(k)!r}, this command {v!r}"
                  for k, v in flags_of(self.args, NOT_TRAINING).items() if then.get(k) != v]
@@ -246,12 +248,13 @@ class RunFolder:
         if not self.resuming:       # with other code or flags, --resume would be refused: not suggested
             what = f"another run:{listed}\nTo start this one, " if diffs else \
                 "a run. Add --resume to continue it, or to start afresh, "
-            raise UserError(f"--output_dir {out} already holds {what}{elsewhere} (or delete the folder).")
+            raise UserError(f"--output_dir {out} already holds {what}{elsewhere(out)} (or delete the "
+                            f"folder).")
         if diffs:
             how = f"\n(`diff {out / CODE / code[0]} {code_files(self.args)[code[0]]}` shows how; put it " \
                   f"back to continue the run)" if code else ""
             start = f"leave out --resume: it starts in {self.fresh}" if code and self.fresh else \
-                f"start a new run: {elsewhere}"
+                f"start a new run: {elsewhere(out)}"
             raise UserError(f"--resume: this command would train another run than the one in {out}, which "
                             f"is left as it is:{listed}{how}\nTo train this, {start}.")
         self.record = run
@@ -260,7 +263,7 @@ class RunFolder:
                 (out / d / "state.pt").is_file() for d in ("last", ".last.old")) and self.finished() is None:
             raise UserError(f"--resume: {out} wrote checkpoints (its log records evaluations), but "
                             f"{out / 'last'} is gone and the run had not finished: there is nothing to "
-                            f"continue from. To train again, {elsewhere}.")
+                            f"continue from. To train again, {elsewhere(out)}.")
 
     def write_record(self) -> None:
         """Who holds the folder (run.lock: a full disk refuses the run at its first write), then for a
