@@ -11,9 +11,10 @@ What it adds to SimCSE:
 
 Run:
   python ifcl.py                           # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
-  M=sentence-transformers/all-MiniLM-L6-v2; python ifcl.py --model $M --fraternal_model $M \\
-      --data data/multi30k/train.en --fraternal_data data/multi30k/train.de --max_steps 40 \\
-      --eval_every 10 --pooler cls_before_pooler   # a CPU run: English-German pairs (README)
+  python ifcl.py --model sentence-transformers/all-MiniLM-L6-v2 --fraternal_model \\
+      sentence-transformers/all-MiniLM-L6-v2 --data data/multi30k/train.en --fraternal_data \\
+      data/multi30k/train.de --max_steps 40 --eval_every 10 --pooler cls_before_pooler
+                                           # a CPU run on English-German pairs (README: their download)
   python ifcl.py --no_queue                # an ablation: Tab. 2 "w/o HQ"
 The default needs three models from the hub (t5-base, mBERT, bert-base), and its first run translates
 the 1M sentences into German with t5-base (not timed on a CPU: a GPU is the place for it) into
