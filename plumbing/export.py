@@ -4,7 +4,6 @@ or not at all (best/, and rcl.py's end/), and the commands that use it at the en
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -21,9 +20,7 @@ ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean"}   # the p
 def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler: str,
                         mlp: nn.Module | None = None, extra: dict | None = None) -> None:
     """The encoder and tokenizer at the root (AutoModel), saved again by sentence-transformers' save()
-    with a Pooling and, for `cls`, Dense(d, d, Tanh): the MLP, also BERT's pooler (tanh(W h_cls + b))."""
-    if pooler == "cls" and mlp is None:
-        raise ValueError("pooler 'cls' is saved with its MLP")
+    with a Pooling and, for `cls`, Dense(d, d, Tanh) holding `mlp` (also BERT's pooler: tanh(W h_cls + b))."""
     with atomic_dir(Path(path)) as tmp:      # swapped in whole at the end, or removed
         if pooler == "cls" and hasattr(getattr(encoder, "pooler", None), "dense"):
             encoder.pooler.dense.load_state_dict(mlp.dense.state_dict())
@@ -49,8 +46,7 @@ def save_pretrained_dir(path: str | Path, encoder: nn.Module, tokenizer, pooler:
 def tool(name: str) -> str:
     """A tool's path as typed from the working folder: tools/compare.py in the repository, else all of it."""
     path = Path(__file__).resolve().parents[1] / "tools" / name
-    relative = os.path.relpath(path)
-    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+    return (path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path).as_posix()
 
 
 def what_next(best: Path, model: str, pooler: str, sts_dir: str) -> str:

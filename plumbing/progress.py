@@ -9,15 +9,13 @@ import sys
 from tqdm.auto import tqdm  # comes with transformers
 
 
-def progress(total: int | None, desc: str, unit: str = "it", disable: bool = False, initial: int = 0,
-             leave: bool = True, delay: float = 0.0):
-    """The progress bar of every long loop (tokenising, downloading, training, translating,
-    evaluating), on stderr: the screen's, never the results' (stdout). A count of bytes (unit
-    "B") reads as kB, MB, GB. `leave=False`: erased when done; `delay`: drawn only once the loop
-    has run that many seconds. Used as a `with` block, so that a stop closes it (the innermost
+def progress(total: int | None, desc: str, unit: str = "it", **options):
+    """The bar of every long loop (tokenising, downloading, training, translating, evaluating) on stderr:
+    the screen's, never the results' (stdout); bytes (unit "B") read as kB, MB, GB; `options`: tqdm's
+    (disable, initial, leave, delay). Used as a `with` block, so that a stop closes it (the innermost
     first) before the line that says what next."""
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=disable, leave=leave,
-                delay=delay, unit_scale=unit == "B", dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
+                mininterval=1.0, file=sys.stderr, **options)
 
 
 class Screen:

@@ -3,11 +3,9 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt       # t5-base, the paper's T5
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
-Without --out the file is <data>.de.<mt_model>.txt beside --data (or under --cache_dir), where ifcl.py
-looks for it: `python ifcl.py` makes the same file on its first run (fraternal_file, at the end; under
-torchrun rank 0 translates while the other ranks wait). Batched by length, bf16 on CUDA (the batch halved
-when the GPU runs out of memory), resumable: a killed run continues where <out>.part (described by
-<out>.part.json) stops; <out> appears only when every line is done.
+Without --out: <data>.de.<mt_model>.txt beside --data (or under --cache_dir), made by `python ifcl.py` too
+on its first run (rank 0 under torchrun). Batched by length, bf16 on CUDA, the batch halved when out of GPU
+memory; resumable (<out>.part, described by <out>.part.json); <out> appears only when every line is done.
 """
 
 from __future__ import annotations
@@ -70,38 +68,26 @@ ELSEWHERE = (" Translating --data needs it once (the German file is kept and reu
              "--fraternal_data FILE.")
 
 
-def mt_model_error(name: str, e: Exception) -> UserError:
-    return UserError(f"--mt_model {name}: could not load it as a seq2seq model "
-                     f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Give a hub name with "
-                     f"the hub reachable, or a local folder.{ELSEWHERE}")
-
-
-def check_mt_model(name: str) -> None:
-    """Before anything is written: the model's config loads and is a seq2seq one (the weights,
-    possibly a download of a gigabyte, are loaded by the rank that translates)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
-        raise mt_model_error(name, e)
-    if config.model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        raise mt_model_error(name, ValueError(f"its model type '{config.model_type}' is not a "
-                                              f"sequence-to-sequence model"))
-
-
-def load_mt_model(name: str, device: torch.device):
-    """(tokenizer, model) for translation; bf16 weights on CUDA, fp32 on the CPU.
+def load_mt_model(name: str, device: torch.device | None = None):
+    """(tokenizer, model) for translation, bf16 weights on CUDA, fp32 on the CPU; with no device, only
+    a check before anything is written: the config loads and is a seq2seq one (the weights, possibly a
+    download of a gigabyte, are loaded by the rank that translates).
     NOTE(ours): bf16, not fp16: T5 overflows in fp16, and bf16 is what T5 was trained in."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES as SEQ2SEQ
     inputs.where_from(name, "--mt_model", ELSEWHERE)
     try:
+        if (kind := AutoConfig.from_pretrained(name).model_type) not in SEQ2SEQ:
+            raise ValueError(f"its model type '{kind}' is not a sequence-to-sequence model")
+        if device is None:
+            return None
         tok = AutoTokenizer.from_pretrained(name)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    except (OSError, ValueError, RecursionError) as e:
-        raise mt_model_error(name, e)
-    return tok, model
+        return tok, AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
+        raise UserError(f"--mt_model {name}: could not load it as a seq2seq model "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Give a hub name with "
+                        f"the hub reachable, or a local folder.{ELSEWHERE}")
 
 
 def translate_chunk(model, tok, texts: list[str], args: TranslateArgs, prefix: str,
@@ -229,8 +215,7 @@ def failure_marker(out: Path) -> Path:
 
 
 def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Ranks other than 0 poll for rank 0's file or its failure (a collective times out in minutes; a
-    translation takes hours)."""
+    """Ranks other than 0 poll for rank 0's file or its failure (a barrier would time out: it takes hours)."""
     print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
     while not out.exists():
         if (failed := failure_marker(out)).exists():
@@ -264,19 +249,18 @@ def translate_command(data: str, out: str | Path, mt_model: str) -> str:
 
 @dataclass
 class FraternalFile:
-    """--fraternal_data: a file of the user's, or the one made from --data (`made_here`), not there yet
-    when `to_make`; `models` ({flag: (name, one more way out)}): for common.start to find."""
+    """--fraternal_data: a file of the user's, or the one made from --data (`made_here`) on the first
+    run; `models` ({flag: (name, one more way out)}): for common.start to find."""
     path: Path
     data: str
     mt_model: str
     made_here: bool
-    to_make: bool
     models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
         """After common.start: on the first run rank 0 translates --data while the other ranks wait;
         then the German lines, one per sentence of --data (`n`, blank lines skipped in both)."""
-        if self.to_make:
+        if not self.path.is_file():
             make_fraternal_file(self.data, self.path, self.mt_model, device)
         return self.read(n)
 
@@ -305,7 +289,7 @@ def fraternal_file(args: Any) -> FraternalFile:
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     args.fraternal_data = args.fraternal_data or str(made)     # made on the first run, then reused
     german = FraternalFile(Path(args.fraternal_data), args.data, args.mt_model,
-                           made_here=args.fraternal_data == str(made), to_make=False,
+                           made_here=args.fraternal_data == str(made),
                            models={"--fraternal_model": (args.fraternal_model, "")})
     if german.path.is_file():
         if n:                                     # parallel to --data, line by line
@@ -315,13 +299,12 @@ def fraternal_file(args: Any) -> FraternalFile:
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
                         f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
     else:                                         # the first run: the file will be made
-        german.to_make = True
         german.models["--mt_model"] = (args.mt_model, ELSEWHERE)
         if inputs.model_missing(args.mt_model) is None:
-            check_mt_model(args.mt_model)
+            load_mt_model(args.mt_model)                            # its config only
+        if int(os.environ.get("RANK", "0")) == 0:                   # before the ranks meet
+            failure_marker(german.path).unlink(missing_ok=True)     # an earlier launch's failure
     inputs.check_model_folder(args.fraternal_model, "--fraternal_model")
-    if german.to_make and int(os.environ.get("RANK", "0")) == 0:   # before the ranks meet
-        failure_marker(german.path).unlink(missing_ok=True)        # an earlier launch's failure
     return german
 
 
