@@ -18,17 +18,11 @@ from plumbing import inputs
 from plumbing.errors import UserError
 from plumbing.progress import progress
 
-
-def _data_dir() -> Path:
-    """The repository's data/, from any working folder: relative inside the clone (as the docs read)."""
-    data = Path(__file__).resolve().parents[1] / "data"
-    try:
-        return Path(os.path.relpath(data)) if Path.cwd().resolve().is_relative_to(data.parent) else data
-    except OSError:                 # the working folder was deleted
-        return data
-
-
-DATA_DIR = _data_dir()
+# The repository's data/, from any working folder: relative inside the clone (as the docs read), else absolute
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+with contextlib.suppress(OSError):              # the working folder was deleted: absolute
+    if Path.cwd().resolve().is_relative_to(DATA_DIR.parent):
+        DATA_DIR = Path(os.path.relpath(DATA_DIR))
 UPSTREAM = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 WIKI1M, NLI, SENTEVAL = "wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar"
 WIKI1M_LINES = 1_000_000  # SimCSE's wiki1m: the papers' "10^6 sentences"
@@ -54,13 +48,33 @@ def fetch(url: str, dest: Path, room: Path | None = None) -> None:
                         f"next try fetches it from the start, and skips the files already complete.")
 
 
-def check_download(path: Path, name: str, wiki1m_lines: int | None = None) -> None:
-    """No checksum of SimCSE's files could be verified, so each is proven whole by its content:
-    wiki1m by its 1,000,000 lines; the NLI file by its header and three cells a row."""
+def check_download(path: Path, check_sts: Callable[[Path], None], wiki1m_lines: int = WIKI1M_LINES) -> None:
+    """No checksum of SimCSE's files could be verified, so each is proven whole by its content: wiki1m
+    by its 1,000,000 lines; the NLI file by its header and three cells a row; SentEval's archive by its
+    STS/ and SICK/, moved beside it into sts/ and checked by `check_sts`."""
+    name = path.name
     if name == WIKI1M:
-        if (lines := inputs.count_lines(path)) != (expected := wiki1m_lines or WIKI1M_LINES):
-            raise UserError(f"{name}: {lines} lines where {expected} were expected: the download "
+        if (lines := inputs.count_lines(path)) != wiki1m_lines:
+            raise UserError(f"{name}: {lines} lines where {wiki1m_lines} were expected: the download "
                             f"is incomplete or corrupted. {NOT_KEPT}")
+        return
+    if name == SENTEVAL:
+        tmp = path.parent
+        try:
+            with tarfile.open(path) as tf:
+                tf.extractall(tmp / "x", filter="data")
+        except (tarfile.TarError, EOFError) as e:
+            raise UserError(f"{name}: not a readable tar archive ({e}): the download is corrupted. "
+                            f"{NOT_KEPT}")
+        # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
+        roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
+        if not roots or not (roots[0].parent / "SICK").is_dir():
+            raise UserError(f"{name}: no STS/ and SICK/ folders inside: the download is corrupted or not "
+                            f"SentEval's archive. {NOT_KEPT}")
+        (tmp / "sts").mkdir()
+        shutil.move(str(roots[0]), tmp / "sts" / "STS")
+        shutil.move(str(roots[0].parent / "SICK"), tmp / "sts" / "SICK")
+        check_sts(tmp / "sts")
         return
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -91,43 +105,21 @@ def staging(dest: Path, name: str):
         raise
 
 
-def unpack_sts(tmp: Path, check_sts: Callable[[Path], None]) -> None:
-    """SentEval's archive in `tmp`, unpacked: its STS/ and SICK/ into tmp/sts, checked by `check_sts`."""
-    try:
-        with tarfile.open(tmp / SENTEVAL) as tf:
-            tf.extractall(tmp / "x", filter="data")
-    except (tarfile.TarError, EOFError) as e:
-        raise UserError(f"{SENTEVAL}: not a readable tar archive ({e}): the download is corrupted. "
-                        f"{NOT_KEPT}")
-    # the archive holds SentEval's downstream/ folder: find STS/ beside SICK/
-    roots = [p.parent for p in (tmp / "x").rglob("STS12-en-test")]
-    if not roots or not (roots[0].parent / "SICK").is_dir():
-        raise UserError(f"{SENTEVAL}: no STS/ and SICK/ folders inside: the download is corrupted or not "
-                        f"SentEval's archive. {NOT_KEPT}")
-    (tmp / "sts").mkdir()
-    shutil.move(str(roots[0]), tmp / "sts" / "STS")
-    shutil.move(str(roots[0].parent / "SICK"), tmp / "sts" / "SICK")
-    check_sts(tmp / "sts")
-
-
 def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str = UPSTREAM,
-             what: list[str] | None = None, wiki1m_lines: int | None = None) -> dict[str, Path]:
+             what: list[str] | None = None, wiki1m_lines: int = WIKI1M_LINES) -> dict[str, Path]:
     """--what of wiki1m, the NLI triplets and the STS data into `dest`, skipping what is there, each
-    proven whole (check_download, unpack_sts) before it is moved into place."""
+    proven whole (check_download) before it is moved into place."""
     dest, got = Path(dest), {}
     for item in what or ["wiki1m", "nli", "sts"]:
         got[item] = final = dest / {"wiki1m": WIKI1M, "nli": NLI, "sts": "sts"}[item]
-        if inputs.is_sts_dir(final) if item == "sts" else final.exists():
+        if ((final / "STS").is_dir() and (final / "SICK").is_dir()) if item == "sts" else final.exists():
             print(f"{final}: present, not fetched again", file=sys.stderr)
             continue
         with staging(dest, final.name) as tmp:
             name = SENTEVAL if item == "sts" else final.name
             fetch(f"{base_url.rstrip('/')}/{name}", tmp / name, room=dest)
-            if item == "sts":
-                unpack_sts(tmp, check_sts)
-                shutil.rmtree(final, ignore_errors=True)     # an STS folder that is not whole
-            else:
-                check_download(tmp / name, name, wiki1m_lines)
+            check_download(tmp / name, check_sts, wiki1m_lines)
+            shutil.rmtree(final, ignore_errors=True)     # an STS folder that is not whole
             os.replace(tmp / final.name, final)
     return got
 

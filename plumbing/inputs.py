@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import stat
 import sys
 import tempfile
 import zipfile
@@ -28,9 +27,7 @@ from plumbing.errors import UserError, writing
 def read_once(read: Callable) -> Callable:
     """Decorator for a reader read(path, flag): the checks and then training read a file, which is
     read once while unchanged (size and mtime); callers must not change what it returns."""
-    @functools.lru_cache(maxsize=2)
-    def cached(path: str, flag: str, stamp: tuple | None):
-        return read(path, flag)
+    cached = functools.lru_cache(maxsize=2)(lambda path, flag, stamp: read(path, flag))
 
     @functools.wraps(read)
     def wrapped(path: str | Path, flag: str = "--data"):
@@ -88,21 +85,17 @@ def read_text(path: Path, flag: str, what: str, download: str) -> str:
                         f"Convert the file, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`.")
 
 
-def read_json(path: str | Path):
-    """The JSON in `path`, or a ValueError that says in a few words why there is none."""
+def read_json_object(path: str | Path, any_json: bool = False):
+    """The JSON object in `path` (any JSON with any_json), or a ValueError saying in a few words why not."""
     try:
-        return json.loads(Path(path).read_bytes())
+        obj = json.loads(Path(path).read_bytes())
     except OSError as e:
         raise ValueError(e.strerror or str(e)) from None
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
     except ValueError as e:             # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(str(e).splitlines()[0][:100] if str(e) else type(e).__name__) from None
-
-
-def read_json_object(path: str | Path) -> dict:
-    """read_json of a file that must hold an object (a run's record, a model's config)."""
-    if not isinstance(obj := read_json(path), dict):
+    if not any_json and not isinstance(obj, dict):      # a run's record, a model's config
         raise ValueError("not a JSON object")
     return obj
 
@@ -118,9 +111,8 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
     ids: the tokenizer's whole JSON (a part of it missed two swapped ids), its size, max_len, each text."""
     if cache_dir is None:
         return None
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    for setting in ("truncation", "padding"):      # the last call's (tokenize() sets its own)
-        spec.pop(setting, None)
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())    # less the last call's (tokenize sets its own):
+    spec = {k: v for k, v in spec.items() if k not in ("truncation", "padding")}
     h = hashlib.sha256()
     for part in ("tokens 2", type(tokenizer).__name__, json.dumps(spec, sort_keys=True), len(tokenizer),
                  tokenizer.pad_token_id, max_len, len(texts)):
@@ -132,8 +124,7 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
 
 
 def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(ids, lengths, pad_id) kept in `cache`, or None. One not whole and this key's (cut short,
-    pickled arrays, another cache renamed, a link): a note, and it is tokenised again."""
+    """(ids, lengths, pad_id) kept in `cache`, or None, with a note if it is not whole and this key's."""
     if cache is None or not os.path.lexists(cache):
         return None
     try:
@@ -152,14 +143,13 @@ def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None
 
 
 def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id: int) -> None:
-    """Keep a tokenisation in `cache`, with its key, through write_atomic (a temporary name of this
-    process's own: every rank writes); what a killed process left there, as large, is removed."""
+    """Keep a tokenisation in `cache` with its key (write_atomic: all ranks write); dead writers' files go."""
     if cache is None:
         return
     with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
         for left in cache.parent.glob(".tok-*.npz.*.tmp"):
-            if not alive(left.name.split(".")[-2]):      # .tok-KEY.npz.PID.tmp
+            if not alive(left.name.split(".")[-2]):      # .tok-KEY.npz.PID.tmp, as large as a cache
                 left.unlink(missing_ok=True)
         write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem))
 
@@ -182,13 +172,11 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
 
 def describe_entry(path: str | Path) -> str | None:
     """What an entry that is no file or folder is (refused: nothing is written through a link), or None."""
-    if not os.path.lexists(path):
-        return None
-    mode = os.lstat(path).st_mode
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else \
-        "not a file or a folder (a pipe, a device or a socket)"
+    if os.path.islink(path):
+        return f"a symbolic link (to {os.readlink(path)})"
+    if os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
+        return "not a file or a folder (a pipe, a device or a socket)"
+    return None
 
 
 # -------------------------------------------------------------------------------------
@@ -201,11 +189,9 @@ MODEL = "the folder of a saved model (config.json, its weights and tokenizer), o
 
 @functools.cache
 def hub_offline() -> str | None:
-    """Why this process does not ask the hub, or None. HF_ENDPOINT is asked once: no answer in
-    HUB_WAIT_S switches the libraries' offline mode on, so that they read their cache at once
-    (else transformers retries each file a model lacks for 23 s: a cached model loaded in 120)."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
+    """Why this process does not ask the hub, or None. HF_ENDPOINT is asked once: no answer in HUB_WAIT_S
+    turns offline mode on, so the libraries read their cache at once (not retry each missing file 23 s)."""
+    from huggingface_hub import constants, get_session
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE=1 keeps the hub from being asked"
     try:
@@ -217,8 +203,7 @@ def hub_offline() -> str | None:
 
 
 def _folders_like(path: Path) -> str:
-    """For the error of a folder that is not there: the folders beside it named like it, or the
-    first of its parents that is not there either."""
+    """Said of a folder not there: the folders beside it named like it, or its first parent not there."""
     if not path.parent.is_dir():
         missing = next(p for p in path.parents if p.parent.is_dir())
         return f" (there is no folder {missing} either)"
@@ -238,11 +223,10 @@ def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | 
         return None
     if path.exists():
         return f"{flag} {name}: is a file. Pass {MODEL}.{instead}"
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub import try_to_load_from_cache, utils
     try:
-        validate_repo_id(name)          # owner/model or model: a hub name
-    except HFValidationError:           # ./x, ../x, /x, x/, a/b/c: only a folder
+        utils.validate_repo_id(name)    # owner/model or model: a hub name
+    except utils.HFValidationError:     # ./x, ../x, /x, x/, a/b/c: only a folder
         return f"{flag} {name}: no such folder{_folders_like(path)}. Pass {MODEL}.{instead}"
     if (why := hub_offline()) is None or isinstance(try_to_load_from_cache(name, "config.json"), str):
         return None     # the hub answers (transformers asks it), or the local cache holds the model
@@ -276,13 +260,12 @@ def encoder_config(name: str, flag: str = "--model"):
 
 
 def model_folder_problem(folder: Path) -> str | None:
-    """What is wrong with a saved model folder's files (--model, a run's best/ or end/), in a few
-    words, or None; read without loading the tensors."""
+    """What is wrong with a saved model's files (--model, a run's best/, end/), or None; no tensor loaded."""
     if not folder.is_dir():
         return f"{folder} is missing"
     for p in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
         try:
-            read_json(p)
+            read_json_object(p, any_json=True)
         except ValueError as e:
             return f"{p} is cut short or damaged (not JSON: {str(e)[:80]})"
     index = folder / "model.safetensors.index.json"
@@ -323,8 +306,7 @@ def max_positions(config, tokenizer=None) -> int:
     n = getattr(config, "max_position_embeddings", 512)
     if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
         n -= 2  # RoBERTa's positions start after the padding index
-    tm = getattr(tokenizer, "model_max_length", n)
-    return int(min(n, tm)) if tm and tm < 10**8 else int(n)
+    return int(min(n, getattr(tokenizer, "model_max_length", None) or n))   # unknown to a tokenizer: 1e30
 
 
 @functools.lru_cache(maxsize=4)
@@ -333,13 +315,8 @@ def encoder_positions(name: str, flag: str = "--model") -> int:
     return max_positions(encoder_config(name, flag))
 
 
-def is_sts_dir(folder: str | Path) -> bool:
-    """Whether `folder` holds SentEval's STS/ and SICK/ folders."""
-    return (Path(folder) / "STS").is_dir() and (Path(folder) / "SICK").is_dir()
-
-
 def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir holds SentEval's layout: checked by start and before every evaluation."""
-    if not is_sts_dir(sts_dir):
+    """--sts_dir holds SentEval's STS/ and SICK/ folders: checked by start and before every evaluation."""
+    if not ((Path(sts_dir) / "STS").is_dir() and (Path(sts_dir) / "SICK").is_dir()):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
                         f"Run `python tools/download.py --what sts` and pass --sts_dir data/sts.")
