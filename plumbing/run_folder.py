@@ -129,8 +129,6 @@ class RunFolder:
         """--data's fingerprint, read once (after common.start fetched a default file)."""
         return sha256_file(self.args.data)
 
-    # --- named and opened by common.start ----------------------------------------------------
-
     @classmethod
     def named(cls, args: Any) -> RunFolder:
         """This command's run folder: --output_dir, or runs/<script>/<the flags that differ>; when that
@@ -286,9 +284,7 @@ class RunFolder:
                 (self.out / name).parent.mkdir(exist_ok=True)
                 write_text_atomic(self.out / name, text)
 
-    # --- what a stop or a failed write says; a run that had finished ---------------------------
-
-    def after_a_stop(self) -> str:
+    def after_a_stop(self) -> str:              # the line after Ctrl-C, SIGTERM, SIGHUP
         if self.record is not None:
             return (f"What was already written in {self.out} is kept; the same command plus --resume "
                     f"continues the run (from its last checkpoint, if one was written).")
@@ -297,7 +293,7 @@ class RunFolder:
         return "The run was not recorded yet: there is nothing for --resume to continue. Run the same " \
             "command again."
 
-    def kept(self) -> str:
+    def kept(self) -> str:          # what a failed write leaves intact
         return kept_in(self.out, self.step)
 
     def next_command(self) -> str:
@@ -315,8 +311,6 @@ class RunFolder:
             raise UserError(f"{best}: not this run's model ({', '.join(diffs[:3])}); it is left as it is. "
                             f"Train the run again in another --output_dir.")
         return figures
-
-    # --- what train() keeps: the log, last/, best/ ---------------------------------------------
 
     @classmethod
     def of(cls, args: Any) -> RunFolder:
@@ -345,8 +339,7 @@ class RunFolder:
                 f.write(json.dumps(record) + "\n")
 
     def own_log(self, mode: str):
-        """metrics.jsonl opened to be written in place: this name's alone (a hard-linked copy keeps its
-        content), never through a link."""
+        """metrics.jsonl to write in place: this name's alone (a hard link keeps its content), no link."""
         return open(atomic_writes.unshared(self.log), mode, opener=no_follow)
 
     def save_last(self, state: dict) -> None:
@@ -370,15 +363,13 @@ class RunFolder:
             save_pretrained_dir(self.out / "best", *saved, extra=extra)
 
     def drop_last(self) -> None:
-        """A finished run keeps best/ and its records; last/ (weights and AdamW's moments, about 3x the
-        model) only served to continue it."""
+        """A finished run keeps best/ and its records; last/ (about 3x the model) served to continue it."""
         if self.main:
             shutil.rmtree(self.out / "last", ignore_errors=True)
 
     def load_last(self) -> dict | None:
-        """--resume: the checkpoint save_last() kept, or None for a run stopped before its first one (its
-        log emptied: training starts from step 0). Its checksum first, then data only (weights_only),
-        then the run's identity: anything else ends here in one line, the folder as it was."""
+        """--resume: last/'s checkpoint, verified (its checksum, then data only, then the run's identity),
+        or None for a run stopped before its first one (its log emptied: it starts from step 0)."""
         last = self.out / "last" / "state.pt"
         if not last.exists():
             if self.main:
@@ -410,10 +401,9 @@ class RunFolder:
         now, then = self.identity, then if isinstance(then, dict) else {}
         if then.get("format") != FORMAT:
             return ["written by an earlier version of this project, which did not record the code"]
-        diffs = [f"the script {then.get('script')}"] if then.get("script") != now["script"] else []
-        if then.get("stage") != now["stage"]:
-            diffs.append(f"the stage {then['stage']}" if then.get("stage") else "the run's own model")
-        diffs += ["other data"] if then.get("data_sha256") != now["data_sha256"] else []
+        stage = f"the stage {then.get('stage')}" if then.get("stage") else "the run's own model"
+        diffs = [what for key, what in (("script", f"the script {then.get('script')}"), ("stage", stage),
+                                        ("data_sha256", "other data")) if then.get(key) != now[key]]
         flags, code = then.get("flags") or {}, then.get("code") or {}
         diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
                   if flags.get(k) != v]
@@ -435,9 +425,10 @@ class RunFolder:
         step, best_step = state["step"], state["best_step"]
         problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
         if problem and (best_step != step or "another run's" in problem):
-            raise UserError(f"{self.out / 'best'}: {problem}. The model of step {best_step}, the best STS-B "
-                            f"dev, was kept only there (last/ holds step {step}). Train the run again in "
-                            f"another --output_dir (or move {self.out} away first).")
+            lost = f" The model of step {best_step}, the best STS-B dev, was kept only there (last/ holds " \
+                   f"step {step})." if best_step != step else ""
+            raise UserError(f"{self.out / 'best'}: {problem}.{lost} Train the run again in another "
+                            f"--output_dir (or move {self.out} away first).")
         if self.main:
             self.cut_log(state["log_bytes"])
             if problem:
@@ -541,11 +532,9 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 class Stage:
-    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its
-    own in the run folder, where train() keeps its log, last/ and best/ as for any run. finish()
-    completes it: end/ (the weights it ended with), DONE.json (its summary and settings), last/
-    dropped. A complete stage is reused by --resume, held to those settings; an unfinished one
-    continues from its last/, or starts again."""
+    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its own
+    in the run folder. Complete (end/, DONE.json), it is reused by --resume, held to its settings;
+    unfinished, it continues from its last/, or starts again."""
 
     def __init__(self, out: str | Path, name: str, settings: dict):
         self.path, self.settings = Path(out) / name, settings
@@ -570,8 +559,7 @@ class Stage:
         return summary
 
     def open(self) -> None:
-        """Before the stage trains: what a kill during a commit left, put back; its folder made. Every
-        rank waits."""
+        """Before the stage trains: what a kill during a commit left, put back; its folder made."""
         if world()[0] == 0:
             for kept in ("best", "end", "last"):       # a stage with no last/ starts again from step 0
                 recover_dir(self.path / kept)
