@@ -1,7 +1,6 @@
-"""Every command's main under run_main: it ends in one line and an exit status, never a traceback
-for what the user can act on: a refused input (2), the GPU out of memory (3), a failed write (4),
-Ctrl-C (130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder is let go
-whatever happens."""
+"""Every command's main under run_main: it ends in one line and an exit status, never a traceback for
+what the user can act on: a refused input (2), the GPU out of memory (3), a failed write (4), Ctrl-C
+(130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder let go whatever happens."""
 
 from __future__ import annotations
 
@@ -15,23 +14,15 @@ from typing import Any, Callable
 import torch
 
 from plumbing import interrupts, run_folder
-from plumbing.errors import NothingToDo, UserError, WriteFailed
+from plumbing.errors import REMEDY, NothingToDo, UserError, WriteFailed
 from plumbing.progress import Screen
 from plumbing.ranks import world
 from plumbing.run_folder import release_run_folders
 
 
-def say(line: str) -> None:
-    """run_main's last line, on stderr (progress.Screen: one that cannot be written changes no exit
-    status); the progress bars were closed on the way out of their `with` blocks."""
-    print(line, file=sys.stderr, flush=True)
-
-
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)`, and end in one line: a UserError (exit 2) or a failed write (4), the GPU
-    out of memory (3), Ctrl-C (130), SIGTERM (143) or SIGHUP (129), each with what to do next, said
-    once under torchrun (rank 0's); a rank stopped because another one ended says so; the run
-    folder let go."""
+    """Call `main(argv)` and end in one line and an exit status (say()); under torchrun a rank stopped
+    because another one ended says so; the run folder let go."""
     release_run_folders()                                  # common.start names this command's run
     handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
     stderr, sys.stderr = sys.stderr, Screen(sys.stderr)
@@ -40,27 +31,28 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     except NothingToDo as e:
         say(str(e))
     except UserError as e:
-        end(f"error: {e}", 2)
+        say(f"error: {e}", 2)
     except WriteFailed as e:
         run = run_folder.current()
-        end(f"error: {e.line(run.kept(), run.next_command()) if run else e}", 4)
+        say(f"error: {e.line(run.kept(), run.next_command()) if run else e}", 4)
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, interrupts.Stopped) else signal.SIGINT
         run = run_folder.current()
         again = run.after_a_stop() if run else ("The run was not recorded yet: there is nothing for "
                                                 "--resume to continue. Run the same command again.")
-        end(f"\n{interrupts.WHAT[signum]}. {again}", 128 + signum)
+        say(f"\n{interrupts.WHAT[signum]}. {again}", 128 + signum)
     except torch.cuda.OutOfMemoryError:
-        end("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch over "
+        say("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch over "
             "more GPUs with `torchrun --nproc_per_node K ...` (the contrastive loss still sees the whole "
             "batch).", 3)
     except OSError as e:            # what could not be read or opened, whatever the reason
-        end(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
-            f"{'. Raise the limit: ulimit -n 4096' if e.errno in (errno.EMFILE, errno.ENFILE) else ''}.", 2)
+        where = f"{e.filename}: " if e.filename else ""
+        limit = f"; it needs {REMEDY[e.errno]}" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
+        say(f"error: {where}{e.strerror or e}{limit}.", 2)
     except RuntimeError as e:       # under torchrun: a collective that lost the process at its other end
         if world()[1] == 1 or not re.search(r"gloo|NCCL|Connection (reset|closed) by peer", str(e)):
             raise
-        end(f"rank {world()[0]}: stopped, because another process of this run ended (its own line says "
+        say(f"rank {world()[0]}: stopped, because another process of this run ended (its own line says "
             f"why).", 1)
     finally:
         sys.stderr = stderr
@@ -69,8 +61,10 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
             interrupts.give_back(handlers)
 
 
-def end(line: str, status: int) -> None:
-    """The command's last line (rank 0's alone under torchrun, but a rank's own stop), and its exit status."""
+def say(line: str, status: int = 0) -> None:
+    """The command's last line, on stderr (Screen: one that cannot be written changes no exit status),
+    said once under torchrun (rank 0's, but a rank's own stop); then its exit status, unless 0."""
     if world()[0] == 0 or line.startswith("rank "):
-        say(line)
-    sys.exit(status)
+        print(line, file=sys.stderr, flush=True)
+    if status:
+        sys.exit(status)

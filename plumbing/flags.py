@@ -17,6 +17,10 @@ from typing import Any, Sequence, get_args, get_origin, get_type_hints
 from plumbing.errors import UserError
 
 RANGE_WORDS = {"ge": (">=", ge), "gt": (">", gt), "le": ("<=", le), "lt": ("<", lt)}
+# How a run is written, not what it trains: --resume may change them, run names and compare.py omit them
+NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile", "eval_untrained")
+# No row depends on them: a short run, or one on other sentences, shows its rows (a CSV's: PaperRow.data)
+ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
 
 
 def arg(default: Any, help: str, source: str = "ours", choices: list | None = None, note: str = "",
@@ -30,12 +34,6 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
     return dataclasses.field(default=default, metadata=meta)
 
 
-# How a run is written, not what it trains: --resume may change them, run names and compare.py omit them
-NOT_TRAINING = ("output_dir", "resume", "log_every", "sts_dir", "cache_dir", "compile", "eval_untrained")
-# No row depends on them: a short run, or one on other sentences, shows its rows (a CSV's: PaperRow.data)
-ROW_FREE = ("data", "seed", "max_steps", "epochs", "eval_every")
-
-
 def check_ranges(args: Any) -> None:
     """Each value UTF-8, finite (argparse takes inf and nan as floats), in its arg() range; else UserError."""
     defaults = type(args)()
@@ -43,8 +41,7 @@ def check_ranges(args: Any) -> None:
         value, default = getattr(args, f.name), flag_text(f.name, getattr(defaults, f.name))
         note = f" {f.metadata['note']}" if f.metadata["note"] else ""
         for x in value if isinstance(value, list) else [value]:
-            # a byte of argv that is not UTF-8 (in a file's name) comes as a surrogate: no UTF-8 file holds it
-            if isinstance(x, str) and x.encode(errors="ignore").decode() != x:
+            if isinstance(x, str) and x.encode(errors="ignore").decode() != x:    # argv's non-UTF-8 bytes
                 flag = "" if f.metadata["positional"] else f"--{f.name} "
                 raise UserError(f"{flag}{os.fsencode(x).decode(errors='backslashreplace')}: not valid UTF-8: "
                                 f"rename the file or folder, and pass its new name.")
@@ -81,8 +78,7 @@ def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[
 
 def script_name(args: Any) -> str:
     """The script that declares `args` (an Args, or its class): simcse, focal_infonce, ..."""
-    module = sys.modules.get(args.__module__)
-    return Path(getattr(module, "__file__", None) or args.__module__).stem
+    return Path(getattr(sys.modules.get(args.__module__), "__file__", None) or args.__module__).stem
 
 
 def default_output_dir(args: Any) -> str:
@@ -125,8 +121,7 @@ OFFICIAL = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose refusal is one line, a UserError (exit status 2) naming the closest flag or value;
-    build_parser sets its `command` (as typed: python simcse.py) and `defaults` (Args(), for examples)."""
+    """argparse whose refusal is one line, a UserError (exit status 2) naming the closest flag or value."""
 
     def error(self, message: str):
         flags = {o: a for a in self._actions for o in a.option_strings if o != "-h"}
@@ -151,14 +146,13 @@ class Parser(argparse.ArgumentParser):
     def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
         """Unknown flags, each with the closest or, the official code's, with ours; else a stray value."""
         said: dict[str, list[str]] = {}              # what is said: the flags it is said of
-        for i, word in enumerate(words):
+        for word, after in zip(words, [*words[1:], "-"]):
             if not word.startswith("-") or NUMBER.fullmatch(word):
                 continue
             flag, _, value = word.partition("=")
-            after = words[i + 1] if i + 1 < len(words) else "-"
             value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
-            ours, what = OFFICIAL.get(flag, (None, ""))
-            if ours is not None and (ours.split()[0] if ours else "--max_steps") in flags:
+            ours, what = OFFICIAL.get(flag, ("", ""))
+            if flag in OFFICIAL and (ours or "--max_steps").split()[0] in flags:
                 if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
                     what += f": pass --alpha {math.exp(float(value)):g}"
                 what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
@@ -175,14 +169,13 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
     """argparse flags from a dataclass of arg() fields, each help line ending in [source] (default)."""
     parser = Parser(description=description, prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
                     allow_abbrev=False)         # --max_step is refused, not taken for --max_steps
-    parser.command, parser.defaults = prog or f"python {script_name(cls)}.py", cls()
+    parser.command, parser.defaults = prog or f"python {script_name(cls)}.py", cls()    # for its refusals
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default, hint, meta = getattr(parser.defaults, f.name), hints[f.name], f.metadata
         source = getattr(cls, "SOURCES", {}).get(f.name, meta["source"])
-        # the real default in --help; SUPPRESS tells parse_args which flags were given
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{meta['help']} [{source}]"
-                              + ("" if default == "" else f" (default: {default})")}
+        text = f"{meta['help']} [{source}]" + ("" if default == "" else f" (default: {default})")
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text}   # SUPPRESS: only the flags given
         kw.update({"choices": meta["choices"]} if meta["choices"] else {})    # a switch takes none
         if meta["positional"]:
             parser.add_argument(f.name, nargs="*", metavar=f.name.upper().rstrip("S"), **kw)
@@ -223,19 +216,16 @@ def _model_name(model: str) -> str:
 
 
 def select_rows(args: Any, rows: Sequence[Any]) -> tuple[list[tuple[str, Any]], str]:
-    """The rows (common.PaperRow) whose model, data and training flags (the default where a row names
-    none) are the run's, and a note: a model the paper did not train stands as the script's default."""
+    """The rows (common.PaperRow) of the run's model (else the default's), data and flags, and a note."""
     defaults = defaults_of(args)
     free = {*NOT_TRAINING, *ROW_FREE, *type(args).OWN_ROW_FREE, "model"}
     stand_in = _model_name(args.model) not in {_model_name(r.model or defaults.model) for r in rows}
     model = _model_name(defaults.model if stand_in else args.model)
     csv_name = Path(args.data).name if _csv(args) else ""
-    picked = []
-    for r in rows:
-        same_flags = all(_same(getattr(args, f.name), r.flags.get(f.name, getattr(defaults, f.name)))
-                         for f in dataclasses.fields(args) if f.name not in free)
-        if _model_name(r.model or defaults.model) == model and r.data == csv_name and same_flags:
-            picked.append((r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r))
+    trained = [f.name for f in dataclasses.fields(args) if f.name not in free]
+    picked = [(r.label + (f" [paper: {r.model or defaults.model}]" if stand_in else ""), r) for r in rows
+              if _model_name(r.model or defaults.model) == model and r.data == csv_name
+              and all(_same(getattr(args, k), r.flags.get(k, getattr(defaults, k))) for k in trained)]
     if picked:
         return picked, (f"{args.model} is not a model the paper trained: the rows below are the paper's "
                         f"{defaults.model}, a reference rather than a target" if stand_in else "")

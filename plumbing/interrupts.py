@@ -1,17 +1,11 @@
 """Ctrl-C, SIGTERM and SIGHUP: one line and an exit status, however a signal lands.
 
-Each script imports this module first. Its imports (torch, transformers, scipy) take seconds; a
-Ctrl-C then ends in a KeyboardInterrupt traceback from whichever library was loading, and a
-SIGTERM (`timeout`, a job scheduler) ends the process without a word. From here until run_main
-(plumbing/command_line.py) takes the signals over, when the script's main starts, each one ends
-the process at once with one line and exit status 128 + its number (130, 143, 129). Nothing is
-written before main starts, so the same command is what to run again. Standard library only: it
-is in place before the slow imports begin.
-
-Once run_main holds them, a signal raises KeyboardInterrupt where the program is (Stopped for
-SIGTERM and SIGHUP); while a checkpoint is swapped into place (deferred) it waits until both
-renames are done. After run_main, while Python shuts down, a script's process ignores them: the
-run has ended and said so.
+Each script imports this module first, before the seconds that torch's import takes. Until run_main
+(plumbing/command_line.py) takes the signals over, a signal ends the process at once with one line and
+exit status 128 + its number (130, 143, 129), not a library's traceback (Ctrl-C) or no word at all
+(SIGTERM); nothing is written yet, so the same command is what to run again. Under run_main a signal
+raises KeyboardInterrupt where the program is (Stopped for SIGTERM and SIGHUP), after the two renames
+of a checkpoint's swap if it comes between them (deferred). Standard library only.
 """
 
 import contextlib
@@ -34,10 +28,9 @@ def while_starting(signum: int, frame) -> None:
     os._exit(128 + signum)      # at once: an import left half done has nothing to unwind or save
 
 
-# Only in a process started as one of the repository's scripts (python simcse.py, torchrun rcl.py,
-# python tools/translate.py): a program that imports a script (the tests) keeps its own handlers.
-# A signal the process was started ignoring stays ignored (`cmd &` in a shell script ignores Ctrl-C,
-# `nohup` the hang-up).
+# Only in a process started as one of the repository's scripts (python simcse.py, torchrun rcl.py, tools/):
+# a program that imports a script (the tests) keeps its own handlers. A signal the process was started
+# ignoring stays ignored (`cmd &` in a shell script ignores Ctrl-C, `nohup` the hang-up).
 _main = getattr(sys.modules.get("__main__"), "__file__", None)
 SCRIPT = bool(_main) and Path(_main).resolve().parent in (HERE, HERE / "tools")
 if SCRIPT:
@@ -46,12 +39,8 @@ if SCRIPT:
             signal.signal(_signum, while_starting)
 
 
-# -------------------------------------------------------------------------------------
-# While run_main runs a command
-# -------------------------------------------------------------------------------------
-
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, handled as Ctrl-C is: the run ends where it is, in one line."""
+    """SIGTERM or SIGHUP under run_main, handled as Ctrl-C is: the run ends where it is, in one line."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -71,8 +60,8 @@ def on_signal(signum: int, frame) -> None:
 
 
 def take_over() -> dict:
-    """run_main's start: the signals raise (on_signal), except those the process was started
-    ignoring. Returns the handlers it replaced (give_back puts them back)."""
+    """run_main's start: the signals raise (on_signal), but those the process was started ignoring.
+    Returns the handlers it replaced, for give_back."""
     before = {s: signal.getsignal(s) for s in WHAT}
     for signum, handler in before.items():
         if handler is not signal.SIG_IGN:
@@ -81,19 +70,17 @@ def take_over() -> dict:
 
 
 def give_back(before: dict) -> None:
-    """run_main's end. A script's process ignores the signals from here: Python's shutdown takes
-    a second or two after the last line, and early in it Python gives each signal back its default
-    action (to end the process without a word); a program that called run_main gets its handlers
-    back."""
+    """run_main's end: a script's process ignores the signals from here (early in Python's shutdown each
+    gets back its default action: to end the process without a word); a caller gets its handlers back."""
     for signum, handler in before.items():
         signal.signal(signum, signal.SIG_IGN if SCRIPT else handler)
 
 
 @contextlib.contextmanager
 def deferred():
-    """A signal that comes inside the block (the two renames that swap a checkpoint in) raises
-    right after it. Python-level, not a signal mask: the system may hand a signal to any thread
-    (torch's), and Python runs the handler in the main thread whatever mask that thread holds."""
+    """A signal that comes inside the block (the two renames that swap a checkpoint in) raises right after
+    it. Python-level, not a signal mask: the system may hand a signal to any thread (torch's), and Python
+    runs the handler in the main thread whatever mask that thread holds."""
     global _deferring, received
     outer, _deferring = _deferring, True
     try:
