@@ -61,8 +61,7 @@ _held: dict[str, RunFolder] = {}
 
 
 def code_files(args: Any) -> dict[str, Path]:
-    """The files that shape what a run trains: its script and common.py (plumbing/ keeps runs safe
-    and fast; an edit there changes no figure)."""
+    """What shapes a run's figures: its script and common.py (plumbing/ keeps runs safe and fast)."""
     return {p.name: p for p in (Path(sys.modules[type(args).__module__].__file__),
                                 Path(sys.modules["common"].__file__))}
 
@@ -92,8 +91,7 @@ def elsewhere(out: Path) -> str:
 
 
 def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
-    """The first entry of `folder` that no run of this project writes there, in a few words; None
-    when each is one (last/ holds its two files, code/ .py copies; another folder is a stage)."""
+    """The first entry of `folder` that no run writes there (another folder is a stage), or None."""
     for entry in sorted(folder.iterdir()):
         name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
         if (what := describe_entry(entry)) is not None:
@@ -109,9 +107,8 @@ def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None
 
 
 class RunFolder:
-    """A run's folder: the one this command named and opened (common.start), a stage inside it
-    (rcl.py's entropy models), or a bare folder that train() writes into without a record (a test
-    calling train() alone). Rank 0 writes; a write the system refuses ends in one line (kept())."""
+    """This command's run folder (common.start), a stage inside it (rcl.py's entropy models), or a bare
+    folder (train() called alone, in a test). Rank 0 writes; a refused write ends in one line."""
 
     def __init__(self, args: Any, out: str | Path | None = None, stage: str = ""):
         self.args, self.out, self.stage = args, Path(out or args.output_dir), stage
@@ -125,8 +122,7 @@ class RunFolder:
         self.fresh: Path | None = None        # where this code starts without --resume (the default)
 
     @functools.cached_property
-    def data_sha256(self) -> str:
-        """--data's fingerprint, read once (after common.start fetched a default file)."""
+    def data_sha256(self) -> str:             # read once, after common.start fetched a default file
         return sha256_file(self.args.data)
 
     @classmethod
@@ -264,8 +260,8 @@ class RunFolder:
                             f"continue from. To train again, {elsewhere(out)}.")
 
     def write_record(self) -> None:
-        """Who holds the folder (run.lock: a full disk refuses the run at its first write), then for a
-        new run run.json, code/ and args.json last (a folder with args.json holds the whole record)."""
+        """run.lock (the holder: on a full disk, a refusal at the first write), then a new run's run.json,
+        code/ and args.json last (a folder with args.json holds the whole record)."""
         if self.lock is not None:
             try:
                 write_text_atomic(self.out / LOCK, f"process {os.getpid()} "
@@ -411,17 +407,15 @@ class RunFolder:
 
     @contextlib.contextmanager
     def restoring(self):
-        """The block where train() puts last/'s state back: a state that does not fit the model, AdamW,
-        the schedule or the RNGs ends in one line; nothing in the folder has changed yet."""
+        """Where train() puts last/'s state back: one that does not fit (another model's) is one line."""
         try:
             yield
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
             raise UserError(self.damaged(self.out / "last" / "state.pt", e)) from e
 
     def resumed(self, state: dict, saved: tuple) -> None:
-        """After train() put last/'s `state` back: best/ checked (the model of an earlier step, missing,
-        damaged or another run's, is lost: one line; one that fell behind last/ is saved again from
-        the restored model, `saved`), then the log cut back to last/'s length: it reads as one run."""
+        """After train() put `state` back: best/ checked (lost, or another run's: one line; one that fell
+        behind last/ saved again from `saved`), the log cut back to last/'s length: one run."""
         step, best_step = state["step"], state["best_step"]
         problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
         if problem and (best_step != step or "another run's" in problem):
@@ -460,8 +454,7 @@ class RunFolder:
         return self.out / "best"
 
     def cut_log(self, size: int) -> None:
-        """metrics.jsonl cut back to `size` bytes (its length when last/ was written: records of steps
-        trained again go), and a last line cut short dropped: the next record starts a line of its own."""
+        """metrics.jsonl cut back to its length when last/ was written, to the end of a whole line."""
         if not os.path.lexists(self.log):
             return
         with writing(str(self.log), self.kept), self.own_log("rb+") as f:
@@ -483,11 +476,9 @@ class RunFolder:
                 f"--output_dir (or move {self.out} away first).")
 
     def nan_error(self, step: int, best_step: int) -> UserError:
-        """The line for a loss that became NaN or infinite: training stops, best/ is what is kept."""
         kept = f"is kept in {self.out / 'best'}" if best_step else "was not saved yet"
         return UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
-                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for degenerate "
-                         f"lines.")
+                         f"checkpoint so far {kept}. Try a lower --lr, or check the data for bad lines.")
 
 
 def _try(read: Any) -> Any:
@@ -499,8 +490,7 @@ def _try(read: Any) -> Any:
 
 
 def kept_in(folder: Path, step: int | None = None) -> str:
-    """What a failed write leaves intact in a run folder or a stage: last/ (its step, once this
-    process wrote or read it), and beside a stage, the stages complete."""
+    """What a failed write leaves intact: last/ (its step, once known), and beside a stage, the others."""
     last = folder / "last" / "state.pt"
     if step is None and last.is_file():
         return f"{last.parent}, the last checkpoint, is as it was"
@@ -513,8 +503,7 @@ def kept_in(folder: Path, step: int | None = None) -> str:
         (f"; finished and kept: {', '.join(finished)}" if finished else "")
 
 
-def current() -> RunFolder | None:
-    """The run folder this command named (common.start), if any."""
+def current() -> RunFolder | None:        # the run folder this command named (common.start), if any
     return next(iter(_held.values()), None)
 
 
@@ -540,8 +529,7 @@ class Stage:
         self.path, self.settings = Path(out) / name, settings
 
     def finished(self) -> dict | None:
-        """The summary of this stage completed earlier (DONE.json), or None; trained with other
-        settings (the seed aside), it is refused rather than reused silently."""
+        """Its summary if complete (DONE.json), or None; refused if trained with other settings."""
         if not (self.path / DONE).is_file():
             return None
         again = f"Delete {self.path} to train this model again (the run's other parts are kept), or use " \
@@ -568,8 +556,7 @@ class Stage:
         barrier()
 
     def finish(self, summary: dict, encoder, tokenizer, pooler: str) -> None:
-        """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped
-        (weights and AdamW's moments: only an unfinished stage resumes from it). Every rank waits."""
+        """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped."""
         if world()[0] == 0:
             kept = kept_in(self.path)
             with writing(str(self.path / "end"), kept):
