@@ -13,8 +13,7 @@ Run:
   python ifcl.py                           # bert-base + mBERT embeddings on wiki1m, Tab. 6's settings
   python ifcl.py --model sentence-transformers/all-MiniLM-L6-v2 --fraternal_model \\
       sentence-transformers/all-MiniLM-L6-v2 --data data/multi30k/train.en --fraternal_data \\
-      data/multi30k/train.de --max_steps 40 --eval_every 10 --pooler cls_before_pooler
-                                           # a CPU run on English-German pairs (README: their download)
+      data/multi30k/train.de --max_steps 40 --eval_every 10   # a CPU run on English-German pairs
   python ifcl.py --no_queue                # an ablation: Tab. 2 "w/o HQ"
 The default needs three models from the hub (t5-base, mBERT, bert-base), and its first run translates
 the 1M sentences into German with t5-base (not timed on a CPU: a GPU is the place for it) into

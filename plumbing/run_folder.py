@@ -462,7 +462,7 @@ class RunFolder:
             if len(log) < size:
                 print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
                       f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
-            f.truncate(log.rfind(b"\n", 0, size) + 1)
+            os.ftruncate(f.fileno(), log.rfind(b"\n", 0, size) + 1)
 
     def damaged(self, last: Path, e: Exception | str) -> str:
         """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
@@ -558,7 +558,7 @@ class Stage:
     def finish(self, summary: dict, encoder, tokenizer, pooler: str) -> None:
         """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped."""
         if world()[0] == 0:
-            kept = kept_in(self.path)
+            kept = kept_in(self.path, summary.get("steps"))       # last/ holds the step it ended at
             with writing(str(self.path / "end"), kept):
                 save_pretrained_dir(self.path / "end", encoder, tokenizer, pooler)
             with writing(str(self.path / DONE), kept):
