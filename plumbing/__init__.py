@@ -12,12 +12,12 @@ method scripts): a module for each thing it holds.
     atomic_writes  folders and files written whole or not at all
     export         a model folder that transformers and sentence-transformers both load, and the
                    commands that use it at the end of a run
-    run_folder     the lock, the run's record and identity, how last/ and best/ are written and
-                   read back (train() decides what they keep), stages (rcl.py)
+    run_folder     the lock, the run's record (its code too) and identity, how last/ and best/
+                   are written and read back, verified (train() decides what they keep), stages
     compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels
     translation    IFCL's German file, made with a seq2seq model (tools/translate.py), and
                    ifcl.py's one call for it (fraternal_file)
     command_line   every command's end: one line and its exit status
     interrupts     Ctrl-C, SIGTERM and SIGHUP from a script's first line (its imports) to its
-                   last: one line, never a signal dropped
+                   last: one line; none inside a checkpoint's two renames
 """
