@@ -66,6 +66,11 @@ def code_files(args: Any) -> dict[str, Path]:
                                 Path(sys.modules["common"].__file__))}
 
 
+def code_id(code: dict[str, str], digits: int = 6) -> str:
+    """The hex digits that name a version of the code: a default folder's suffix, compare's label."""
+    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:digits]
+
+
 def flags_of(args: Any, leave_out: tuple[str, ...] = ()) -> dict:
     """The flags as args.json holds them, but those in `leave_out`."""
     flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
@@ -133,8 +138,7 @@ class RunFolder:
         so that a stop says what is where."""
         run, base = cls(args), Path(default_output_dir(args))
         if not args.output_dir:
-            code_id = hashlib.sha256(json.dumps(run.code, sort_keys=True).encode()).hexdigest()[:6]
-            fresh = base.with_name(f"{base.name}-code{code_id}")
+            fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
             mine = [f for f in (base, fresh) if _try(lambda: read_json_object(f / "run.json")["code"]) ==
                     run.code]
             run.out = mine[0] if mine else base if not base.exists() or args.resume else fresh

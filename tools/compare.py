@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import json
 import os
 import re
@@ -64,7 +63,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python tools/compare.py` from anywhere
 import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
-from plumbing import inputs  # noqa: E402
+from plumbing import inputs, run_folder  # noqa: E402
 from plumbing.atomic_writes import sha256_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]   # this checkout: a run's recorded code is held against its files
@@ -202,7 +201,7 @@ def _code_key(code: dict | None) -> str:
 def code_ids(codes: list[dict]) -> dict[str, str]:
     """A short id for each code (_code_key -> the first hex digits of its sha256): 6 digits, or as
     many more as tell these codes apart."""
-    full = {_code_key(c): hashlib.sha256(_code_key(c).encode()).hexdigest() for c in codes}
+    full = {_code_key(c): run_folder.code_id(c, 64) for c in codes}     # the folder's suffix: its first 6
     n = 6
     while len({h[:n] for h in full.values()}) < len(full):
         n += 1
