@@ -106,6 +106,8 @@ class TrainArgs:
     CSV_DEFAULTS: ClassVar[dict[str, Any]] = {}
     # a script's own flags that choose no paper row (another data file, say), beside flags.ROW_FREE
     OWN_ROW_FREE: ClassVar[tuple[str, ...]] = ()
+    # the flags of files a script trains on beside --data: part of the run's identity, as --data is
+    INPUTS: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
         """What parse_args (ranges, rules()) leaves of the flags on their own, before any file is
@@ -708,6 +710,7 @@ def start(args: TrainArgs, models: dict[str, tuple[str, str]] | None = None) -> 
                 "the best STS-B dev")
         print(f"run folder: {args.output_dir} ({what})", file=sys.stderr)
     if args.resume and (figures := run.finished()) is not None:
+        run.drop_last()     # a kill between its figures and this left it: a finished run cannot continue
         report_finished(args, run, figures)
     return device
 

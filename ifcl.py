@@ -51,6 +51,7 @@ class Args(common.TrainArgs):
     # the German side's file, its MT model and its embedding layer: a run with others still
     # shows the paper's rows (a reference)
     OWN_ROW_FREE = ("fraternal_data", "mt_model", "fraternal_model")
+    INPUTS = ("fraternal_data",)        # x^-: an edit of the file between a stop and --resume is refused
     data: str = arg(common.in_data("wiki1m_for_simcse.txt"), "English sentences, one a line",
                     "paper Sec. 4.1")
     fraternal_data: str = arg("", "German translations of --data, one a line, parallel to it; "

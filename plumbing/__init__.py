@@ -20,4 +20,8 @@ method scripts): a module for each thing it holds.
     command_line   every command's end: one line and its exit status
     interrupts     Ctrl-C, SIGTERM and SIGHUP from a script's first line (its imports) to its
                    last: one line; none inside a checkpoint's two renames
+    code_record    the code that ran: each module's bytes kept as Python compiles them, for the
+                   run's record (loaded here, first, so that it sees every module after it)
 """
+
+from plumbing import code_record  # noqa: F401  (first: it must see the modules imported after it)

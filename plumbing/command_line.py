@@ -5,7 +5,9 @@ what the user can act on: a refused input (2), the GPU out of memory (3), a fail
 from __future__ import annotations
 
 import errno
+import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -37,9 +39,11 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         say(f"error: {e.line(run.kept(), run.next_command()) if run else e}", 4)
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, interrupts.Stopped) else signal.SIGINT
+        command = typed(main, argv)
         run = run_folder.current()
-        again = run.after_a_stop() if run else ("The run was not recorded yet: there is nothing for "
-                                                "--resume to continue. Run the same command again.")
+        again = run.after_a_stop(command) if run else (f"The run was not recorded yet: there is nothing for "
+                                                       f"--resume to continue. To start it again: "
+                                                       f"{shlex.join(command)}")
         say(f"\n{interrupts.WHAT[signum]}. {again}", 128 + signum)
     except torch.cuda.OutOfMemoryError:
         say("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch over "
@@ -59,6 +63,15 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         release_run_folders()
         if handlers:
             interrupts.give_back(handlers)
+
+
+def typed(main: Callable, argv: list[str] | None) -> list[str]:
+    """This command as typed (python or torchrun, the script, its flags), for a line that says what to run."""
+    script = sys.argv[0] if argv is None else os.path.relpath(sys.modules[main.__module__].__file__)
+    launcher = ["python"]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        launcher = ["torchrun", "--nproc_per_node", os.environ.get("LOCAL_WORLD_SIZE", "1")]
+    return [*launcher, script, *(sys.argv[1:] if argv is None else argv)]
 
 
 def say(line: str, status: int = 0) -> None:

@@ -61,6 +61,17 @@ def refused_write(e: BaseException) -> tuple[int | None, str] | None:
     return None, "an I/O error (the library did not say which)"
 
 
+def stopped(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (interrupts.Stopped) that `e` came from, or None. A signal that lands inside
+    torch.save raises in its Python part, and torch's writer turns that into its own I/O error
+    ("inline_container.cc ... unexpected pos"), which alone would read as a disk fault."""
+    for _ in range(8):                          # down the chain, 8 deep at most: a chain may loop
+        e = e.__cause__ or e.__context__
+        if e is None or isinstance(e, KeyboardInterrupt):
+            return e
+    return None
+
+
 @contextlib.contextmanager
 def writing(what: str, kept: str | Callable[[], str] | None = None, then: str | None = None):
     """A write the system refuses inside becomes WriteFailed: what, why, what is intact (`kept`, or a
@@ -68,6 +79,8 @@ def writing(what: str, kept: str | Callable[[], str] | None = None, then: str | 
     try:
         yield
     except Exception as e:
+        if (stop := stopped(e)) is not None:      # Ctrl-C or SIGTERM inside torch.save: a stop, not a fault
+            raise stop from None
         if (refused := refused_write(e)) is None:
             raise
         code, reason = refused

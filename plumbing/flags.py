@@ -78,7 +78,8 @@ def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[
 
 def script_name(args: Any) -> str:
     """The script that declares `args` (an Args, or its class): simcse, focal_infonce, ..."""
-    return Path(getattr(sys.modules.get(args.__module__), "__file__", None) or args.__module__).stem
+    file = getattr(sys.modules.get(args.__module__), "__file__", None)
+    return Path(file).resolve().stem if file else args.__module__       # a link: the script it points to
 
 
 def default_output_dir(args: Any) -> str:

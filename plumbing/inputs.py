@@ -315,8 +315,19 @@ def encoder_positions(name: str, flag: str = "--model") -> int:
     return max_positions(encoder_config(name, flag))
 
 
+# SentEval's largest STS file is under 1 MB (STS-B's train split): one far past it is no STS file, and is
+# named before it is read, since reading a file of 10 million lines takes gigabytes
+STS_FILE_LIMIT = 64 << 20
+
+
 def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir holds SentEval's STS/ and SICK/ folders: checked by start and before every evaluation."""
+    """--sts_dir holds SentEval's STS/ and SICK/ folders, none of their files implausibly large: checked by
+    start and before every evaluation."""
     if not ((Path(sts_dir) / "STS").is_dir() and (Path(sts_dir) / "SICK").is_dir()):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
                         f"Run `python tools/download.py --what sts` and pass --sts_dir data/sts.")
+    for path in sorted((*Path(sts_dir).glob("STS/*/*"), *Path(sts_dir).glob("SICK/*"))):
+        if path.is_file() and path.stat().st_size > STS_FILE_LIMIT:
+            raise UserError(f"--sts_dir {sts_dir}: {path} holds {path.stat().st_size / 2**20:,.0f} MB, and "
+                            f"SentEval's STS files are under 1 MB each: it is not one of them. Put the file "
+                            f"back (`python tools/download.py --what sts` makes data/sts).")

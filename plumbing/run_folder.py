@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from plumbing import atomic_writes
+from plumbing import atomic_writes, code_record
 from plumbing.atomic_writes import atomic_dir, no_follow, recover_dir, sha256_file, write_text_atomic
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
@@ -46,7 +46,7 @@ CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes
 DONE = "DONE.json"              # a stage's summary, written once the stage is complete
 LOCK = "run.lock"               # names the process that holds the folder
 CODE = "code"                   # copies of the files that shape training, as the run started
-FORMAT = 2                      # this version's record and checkpoints: the code recorded, a checksum
+FORMAT = 3                      # this version's record and checkpoints: all the code that ran, the inputs
 # what a run writes into its folder, and into a stage's; their hidden temporaries are named after them
 RUN_ENTRIES = {"args.json", "run.json", "metrics.jsonl", LOCK, CODE, "last", "best"}
 STAGE_ENTRIES = {"metrics.jsonl", "last", "best", "end", DONE}
@@ -61,9 +61,14 @@ _held: dict[str, RunFolder] = {}
 
 
 def code_files(args: Any) -> dict[str, Path]:
-    """What shapes a run's figures: its script and common.py (plumbing/ keeps runs safe and fast)."""
-    return {p.name: p for p in (Path(sys.modules[type(args).__module__].__file__),
-                                Path(sys.modules["common"].__file__))}
+    """The code a run records, by its path in the repository: its script, common.py and plumbing/ (which
+    decides which sentences train and what best/ holds); code_record keeps the bytes that ran."""
+    return code_record.modules(sys.modules[type(args).__module__].__file__)
+
+
+def code_of(args: Any) -> dict[str, str]:
+    """The SHA-256 of each file of code_files() as it ran: the code's identity."""
+    return {name: hashlib.sha256(code_record.ran(p)).hexdigest() for name, p in code_files(args).items()}
 
 
 def code_id(code: dict[str, str], digits: int = 6) -> str:
@@ -95,15 +100,25 @@ def elsewhere(out: Path) -> str:
     return f"choose another --output_dir, e.g. {out.with_name(f'{out.name}-{k}')}"
 
 
+def holds_nothing(folder: Path) -> bool:
+    """A folder that is not there, or holds only a lock or temporary names (a run stopped at once)."""
+    return not os.path.lexists(folder) or folder.is_dir() and not folder.is_symlink() and all(
+        p.name == LOCK or TEMPORARY.fullmatch(p.name) for p in folder.iterdir())
+
+
 def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None:
     """The first entry of `folder` that no run writes there (another folder is a stage), or None."""
     for entry in sorted(folder.iterdir()):
         name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
         if (what := describe_entry(entry)) is not None:
             return f"{entry} is {what}"
-        inside = {"last": {"state.pt", CHECKSUM}, CODE: {p.name for p in entry.glob("*.py")}}.get(name)
-        if name in allowed and inside is not None and entry.is_dir():
-            if stray := next((p for p in sorted(entry.iterdir()) if p.name not in inside), None):
+        if name in allowed and name in ("last", CODE) and entry.is_dir():
+            # last/: its two files; code/: copies of the modules that ran (*.py, plumbing/*.py)
+            copies = [p for p in sorted(entry.rglob("*")) if describe_entry(p) is None and (
+                p.is_file() and p.suffix == ".py" and p.parent in (entry, entry / "plumbing")
+                or p == entry / "plumbing" and p.is_dir())]
+            inside = {entry / "state.pt", entry / CHECKSUM} if name == "last" else set(copies)
+            if stray := next((p for p in sorted(entry.rglob("*")) if p not in inside), None):
                 return f"{stray} is not a file a run writes"
         elif name not in allowed and not (depth == 0 and entry.is_dir() and not m
                                           and foreign_entry(entry, STAGE_ENTRIES, 1) is None):
@@ -120,15 +135,27 @@ class RunFolder:
         self.log = self.out / "metrics.jsonl"
         self.main = world()[0] == 0
         self.resuming = bool(getattr(args, "resume", False))
-        self.code = {name: sha256_file(p) for name, p in code_files(args).items()}
+        self.code = code_of(args)
         self.record: dict | None = None       # run.json, once written or held to
         self.lock: int | None = None          # the held folder's (or its run.lock's) descriptor
         self.step: int | None = None          # last/'s, once this process wrote or read it
         self.fresh: Path | None = None        # where this code starts without --resume (the default)
+        self._inputs: dict[str, str] = {}     # Args.INPUTS' fingerprints, once read (inputs)
 
     @functools.cached_property
     def data_sha256(self) -> str:             # read once, after common.start fetched a default file
         return sha256_file(self.args.data)
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The SHA-256 of each file the script trains on beside --data (its Args.INPUTS: ifcl.py's German
+        file), each read once it exists: a file the run makes itself is fingerprinted once made, before
+        the first checkpoint, which carries it. An edit of it between a stop and --resume is refused."""
+        for flag in getattr(self.args, "INPUTS", ()):
+            path = getattr(self.args, flag)
+            if flag not in self._inputs and path and Path(path).is_file():
+                self._inputs[flag] = sha256_file(path)
+        return self._inputs
 
     @classmethod
     def named(cls, args: Any) -> RunFolder:
@@ -137,11 +164,13 @@ class RunFolder:
         default-code3f2a1c): an edited script and its original are two runs. Named before any check,
         so that a stop says what is where."""
         run, base = cls(args), Path(default_output_dir(args))
+        if problem := code_record.launch_problem(sys.modules[type(args).__module__].__file__):
+            raise UserError(problem)                # the script saved during the launch: what ran is unknown
         if not args.output_dir:
             fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
             mine = [f for f in (base, fresh) if _try(lambda: read_json_object(f / "run.json")["code"]) ==
                     run.code]
-            run.out = mine[0] if mine else base if not base.exists() or args.resume else fresh
+            run.out = mine[0] if mine else base if holds_nothing(base) or args.resume else fresh
             args.output_dir, run.log, run.fresh = str(run.out), run.out / "metrics.jsonl", fresh
             if run.out == fresh and run.main:
                 print(f"note: {base} holds a run of other code: this one goes to {fresh}", file=sys.stderr)
@@ -208,7 +237,7 @@ class RunFolder:
         """Rules 1 and 2: refuse, before anything is written, a folder that is neither new, empty nor
         this run's own, and a --resume that is not this run's (flags, data, script or code)."""
         out = self.out
-        if made or out.is_dir() and all(p.name == LOCK or TEMPORARY.fullmatch(p.name) for p in out.iterdir()):
+        if made or holds_nothing(out):
             if self.resuming:
                 raise UserError(f"--resume: no run in {out} to continue. Run without --resume to start, "
                                 f"or point --output_dir at the earlier run.")
@@ -228,9 +257,14 @@ class RunFolder:
             raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
                             f"a run never writes through a link or over a file of yours: remove it (or put "
                             f"a copy of what a link points to in its place), or {elsewhere(out)}.")
-        if not has["run.json"] or record and "code" not in record:
+        if record and not isinstance(record.get("code", {}), dict):
+            raise UserError(f"{out / 'run.json'}: damaged (its \"code\" is not a list of files and their "
+                            f"SHA-256), and left as it is: what this run was cannot be checked against it. "
+                            f"To train again, {elsewhere(out)}.")
+        if not has["run.json"] or record and ("code" not in record or record.get("format") != FORMAT):
             raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
-                            f"did not record its code, so this cannot be shown to be the same run; it is "
+                            f"did not record its code as this one does (every module that ran, and every "
+                            f"file it trained on), so this cannot be shown to be the same run; it is "
                             f"left as it is (its best/ loads as any model). To train again, "
                             f"{elsewhere(out)}.")
         run, then = read_record(out / "run.json"), read_record(out / "args.json")
@@ -238,9 +272,12 @@ class RunFolder:
                  for k, v in flags_of(self.args, NOT_TRAINING).items() if then.get(k) != v]
         if run.get("data_sha256") != self.data_sha256:
             diffs.append(f"--data {self.args.data}: its content is not the data the run started with")
+        recorded = run.get("inputs") if isinstance(run.get("inputs"), dict) else {}
+        diffs += [f"--{k} {getattr(self.args, k, '')}: its content is not the file the run started with"
+                  for k, v in recorded.items() if self.inputs.get(k) != v]
         if run.get("script") != (script := f"{script_name(self.args)}.py"):
             diffs.append(f"the script: the run is {run.get('script')}'s, this command {script}'s")
-        code = [f for f in self.code if run["code"].get(f, self.code[f]) != self.code[f]]
+        code = sorted(f for f in {*self.code, *run["code"]} if run["code"].get(f) != self.code.get(f))
         diffs += [f"{f}: changed since the run started (its copy: {out / CODE / f})" for f in code]
         listed = "".join(f"\n  {d}" for d in diffs)
         if not self.resuming:       # with other code or flags, --resume would be refused: not suggested
@@ -249,8 +286,9 @@ class RunFolder:
             raise UserError(f"--output_dir {out} already holds {what}{elsewhere(out)} (or delete the "
                             f"folder).")
         if diffs:
-            how = f"\n(`diff {out / CODE / code[0]} {code_files(self.args)[code[0]]}` shows how; put it " \
-                  f"back to continue the run)" if code else ""
+            now = code_files(self.args).get(code[0], code[0]) if code else ""
+            how = f"\n(`diff {out / CODE / code[0]} {now}` shows how; put it back to continue the run)" \
+                if code else ""
             start = f"leave out --resume: it starts in {self.fresh}" if code and self.fresh else \
                 f"start a new run: {elsewhere(out)}"
             raise UserError(f"--resume: this command would train another run than the one in {out}, which "
@@ -275,23 +313,34 @@ class RunFolder:
         if self.record is not None:
             return
         self.record = {"script": f"{script_name(self.args)}.py", "format": FORMAT,
-                       "data_sha256": self.data_sha256, "code": self.code}
-        files = {"run.json": json.dumps(self.record, indent=2),
-                 **{f"{CODE}/{f}": p.read_text(encoding="utf-8") for f, p in code_files(self.args).items()},
-                 "args.json": json.dumps(flags_of(self.args), indent=2)}
-        for name, text in files.items():
+                       "data_sha256": self.data_sha256, "inputs": self.inputs, "code": self.code}
+        # the bytes that ran (code_record), not the files as they are now: an edit saved since the launch
+        # is not what trains, and is said so
+        ran = {f"{CODE}/{f}": code_record.ran(p) for f, p in code_files(self.args).items()}
+        for f, p in code_files(self.args).items():
+            if code_record.changed(p):
+                print(f"note: {p} was saved after this run started; the run trains the code as it was at "
+                      f"the start, and its record keeps that ({self.out / CODE / f})", file=sys.stderr)
+        files = {"run.json": json.dumps(self.record, indent=2).encode(), **ran,
+                 "args.json": json.dumps(flags_of(self.args), indent=2).encode()}
+        for name, data in files.items():
             with writing(str(self.out / name), NO_CHECKPOINT, "the same command starts the run"):
-                (self.out / name).parent.mkdir(exist_ok=True)
-                write_text_atomic(self.out / name, text)
+                (self.out / name).parent.mkdir(parents=True, exist_ok=True)
+                atomic_writes.write_atomic(self.out / name, lambda f, data=data: f.write(data))
 
-    def after_a_stop(self) -> str:              # the line after Ctrl-C, SIGTERM, SIGHUP
+    def after_a_stop(self, command: list[str]) -> str:
+        """The line after Ctrl-C, SIGTERM, SIGHUP: what is kept, and the command that goes on from there
+        (`command`: this one as typed), printed whole; --resume added where it continues the run."""
+        again = shlex.join(command + ([] if "--resume" in command else ["--resume"]))
         if self.record is not None:
-            return (f"What was already written in {self.out} is kept; the same command plus --resume "
-                    f"continues the run (from its last checkpoint, if one was written).")
+            checkpoints = [*self.out.glob("last/state.pt"), *self.out.glob("*/last/state.pt"),
+                           *self.out.glob(f"*/{DONE}")]
+            since = "" if checkpoints else " (no checkpoint yet: --resume starts from step 0)"
+            return f"What was already written in {self.out} is kept. To continue the run{since}: {again}"
         if self.resuming:
-            return f"Nothing in {self.out} was changed yet. Run the same command again: it continues the run."
-        return "The run was not recorded yet: there is nothing for --resume to continue. Run the same " \
-            "command again."
+            return f"Nothing in {self.out} was changed yet. To continue the run: {again}"
+        return f"The run was not recorded yet: there is nothing for --resume to continue. To start it " \
+               f"again: {shlex.join(command)}"
 
     def kept(self) -> str:          # what a failed write leaves intact
         return kept_in(self.out, self.step)
@@ -329,7 +378,7 @@ class RunFolder:
     def identity(self) -> dict:
         """What every checkpoint and best/ carry: the script, stage, training flags, data and code."""
         return {"format": FORMAT, "script": f"{script_name(self.args)}.py", "stage": self.stage,
-                "data_sha256": self.data_sha256, "code": self.code,
+                "data_sha256": self.data_sha256, "inputs": self.inputs, "code": self.code,
                 "flags": flags_of(self.args, (*NOT_TRAINING, "data"))}
 
     def write(self, record: dict) -> None:
@@ -404,9 +453,12 @@ class RunFolder:
         stage = f"the stage {then.get('stage')}" if then.get("stage") else "the run's own model"
         diffs = [what for key, what in (("script", f"the script {then.get('script')}"), ("stage", stage),
                                         ("data_sha256", "other data")) if then.get(key) != now[key]]
-        flags, code = then.get("flags") or {}, then.get("code") or {}
+        flags, code, files = (then.get(k) if isinstance(then.get(k), dict) else {} for k in
+                              ("flags", "code", "inputs"))
         diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
                   if flags.get(k) != v]
+        diffs += [f"--{k} {getattr(self.args, k)}: its content changed since" for k, v in
+                  now["inputs"].items() if files.get(k) != v]
         return diffs + [f"{f} of other code" for f in now["code"] if code.get(f) != now["code"][f]]
 
     @contextlib.contextmanager

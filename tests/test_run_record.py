@@ -31,6 +31,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import struct
@@ -199,8 +200,10 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     run_json = json.loads((out / "run.json").read_text())
     assert run_json["script"] == "simcse.py" and run_json["format"] == run_folder.FORMAT
     assert run_json["data_sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
+    # the code that ran: the script, common.py and the plumbing/ modules imported (here, by the tests too)
+    assert {"simcse.py", "common.py", "plumbing/run_folder.py", "plumbing/inputs.py"} <= set(run_json["code"])
     assert run_json["code"] == {name: hashlib.sha256((ROOT / name).read_bytes()).hexdigest()
-                                for name in ("simcse.py", "common.py")}
+                                for name in run_json["code"]}
     # the same file name, other content: 200 of its 300 lines
     mine.write_text("\n".join(mine.read_text(encoding="utf-8").splitlines()[:200]) + "\n", encoding="utf-8")
     before = _tree(out)
@@ -530,9 +533,11 @@ def test_a_resume_stopped_before_its_record_is_checked_says_its_folder_is_unchan
         mp.setattr(common, "encoder_positions", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT))
         code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 130, err[-3000:]
+    command = shlex.join(["python", os.path.relpath(ROOT / "simcse.py"),
+                          *_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume")])
     assert [line for line in err.splitlines() if line.strip()] == \
-        [f"interrupted (Ctrl-C). Nothing in {out} was changed yet. Run the same command again: it continues "
-         f"the run."], err[-3000:]
+        [f"interrupted (Ctrl-C). Nothing in {out} was changed yet. To continue the run: {command}"], \
+        err[-3000:]
     assert _tree(out) == before
 
 
@@ -820,14 +825,14 @@ def test_an_args_json_that_cannot_be_written_says_what_to_run(tmp_path, tiny_ber
     """A new run whose args.json cannot be written (the disk full at the start): one line, exit 4,
     and the command it names (the same command, plus --resume only if it says so) trains the run."""
     out, cache = tmp_path / "run", tmp_path / "cache"
-    real = atomic_writes.write_text_atomic
+    real = atomic_writes.write_atomic
 
-    def write(path, text):
+    def write(path, fill):
         if Path(path).name == "args.json":
             raise _no_space()
-        real(path, text)
+        real(path, fill)
     with monkeypatch.context() as mp:
-        mp.setattr(run_folder, "write_text_atomic", write)
+        mp.setattr(atomic_writes, "write_atomic", write)
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 4, err[-3000:]
     message = _one_line_error(err)
@@ -905,9 +910,11 @@ def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
         mp.setattr(common, "encoder_positions", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 130, err[-3000:]
+    command = shlex.join(["python", os.path.relpath(ROOT / "simcse.py"),
+                          *_argv(out, tiny_bert, data, small_sts, cache)])
     assert [line for line in err.splitlines() if line.strip()] == \
         ["interrupted (Ctrl-C). The run was not recorded yet: there is nothing for --resume to continue. "
-         "Run the same command again."], err[-3000:]
+         f"To start it again: {command}"], err[-3000:]
     code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 0, err[-3000:]
     _same_run(out, finished, log_every=1, eval_every=2)
@@ -938,7 +945,8 @@ def test_sigterm_ends_the_run_in_one_line_and_lets_go_of_the_folder(
     assert r.returncode == 143, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     said = [line for line in r.stderr.splitlines() if "SIGTERM" in line]
-    assert len(said) == 1 and "--resume" in said[0] and "last checkpoint" in said[0], r.stderr[-3000:]
+    assert len(said) == 1 and said[0].endswith(" --resume"), r.stderr[-3000:]
+    assert f"is kept. To continue the run: python {ROOT / 'simcse.py'} --model" in said[0], said
     _same_run(out, finished, log_every=1, eval_every=2)
 
 
@@ -1152,7 +1160,8 @@ def test_an_edited_script_is_a_run_of_its_own_and_resume_names_what_changed(tmp_
     [original] = list((work / "runs" / "simcse").iterdir())
     recorded = json.loads((original / "run.json").read_text())["code"]
     assert (original / "code" / "simcse.py").read_bytes() == (clone / "simcse.py").read_bytes()
-    assert set(recorded) == {"simcse.py", "common.py"}
+    assert {"simcse.py", "common.py", "plumbing/inputs.py", "plumbing/run_folder.py"} <= set(recorded)
+    assert all(f in ("simcse.py", "common.py") or f.startswith("plumbing/") for f in recorded), recorded
 
     source = (clone / "simcse.py").read_text()
     line = "    return F.cross_entropy(sim / tau, labels)"                 # simcse_loss's last line
