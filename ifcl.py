@@ -191,8 +191,8 @@ def innate_margin(emb: torch.Tensor, emb_pos: torch.Tensor, emb_frat: torch.Tens
     over tokens, then cosine. Detached: M_i is a target, not a path for gradient.
     NOTE(ours): the same tokens for the three views, so that M_i measures the two augmentations
     (dropout, fusion) and nothing else. Pooling emb^- over the fused input's (union) mask would
-    average in the English side's [PAD] embeddings wherever the German is the longer (98% of
-    Multi30k's rows): M_i then measures padding (0.82 on all-MiniLM-L6-v2 and Multi30k, 0.0147
+    average in the English side's [PAD] embeddings wherever the German is the longer, and M_i
+    would then measure padding (0.82 on all-MiniLM-L6-v2 and Multi30k, 0.0147
     without; docs/ifcl.md, "What metrics.jsonl shows", has both figures and their commands)."""
     e, e_pos, e_frat = (common.masked_mean(x, mask) for x in (emb, emb_pos, emb_frat))  # (N, d) x3
     s_pos = F.cosine_similarity(e, e_pos, dim=-1)                            # (N,)  sim(emb_i, emb_i^+)
