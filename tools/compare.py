@@ -36,8 +36,9 @@ instead of the table, a unified diff of each file that differs between two runs'
 between the committed file and one run's copy, after checking every copy against run.json.
 
 Under the table, one line where a row is a single seed (n = 1), and one for each two rows whose
-averages differ by less than two seeds of their script ended apart on the laptop testbed
-(SEED_SPREAD, with the figures and the page it comes from): a difference seed noise can make.
+averages differ by less than two seeds of their script ended apart on the laptop testbed: a
+difference seed noise can make. Each line gives that spread, the figures it comes from and the
+page that prints them (docs/results.md, README.md).
 
 Below the table, a second one shows what each method's own part did: the figures its script
 logs of its mechanism (MECHANISM below: IFCL's innate margin and twins gap, Focal-InfoNCE's
