@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,16 +66,47 @@ def make_run(folder: Path, args: dict | None, scores: list[float] | None, script
     return folder
 
 
-# the code of this checkout, and the student's ablation: the temperature doubled inside simcse_loss
+# the code of this checkout as a run records it now (the script, common.py, plumbing/), as a run of
+# 664f320 recorded it (the script and common.py), and the student's ablation: the temperature doubled
+# inside simcse_loss
 TAU_LINE = "    return F.cross_entropy(sim / tau, labels)"
 TAU_DOUBLED = "    return F.cross_entropy(sim / (2 * tau), labels)"
-CHECKOUT = {name: (ROOT / name).read_bytes().decode("utf-8") for name in ("simcse.py", "common.py")}
+MODULES = ["simcse.py", "common.py",
+           *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("plumbing/*.py"))]
+CHECKOUT = {name: (ROOT / name).read_bytes().decode("utf-8") for name in MODULES}
+OLD_RECORD = {name: CHECKOUT[name] for name in ("simcse.py", "common.py")}
 EDITED = {**CHECKOUT, "simcse.py": CHECKOUT["simcse.py"].replace(TAU_LINE, TAU_DOUBLED)}
-assert EDITED["simcse.py"] != CHECKOUT["simcse.py"]
+assert EDITED["simcse.py"] != CHECKOUT["simcse.py"] and "plumbing/inputs.py" in CHECKOUT
+
+
+def git(repo: Path, *argv: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
+                           *argv], check=True, capture_output=True, text=True).stdout.strip()
+
+
+class Repo(type(Path())):
+    short: str      # its HEAD, as git abbreviates it
+
+
+@pytest.fixture(autouse=True)
+def repo(tmp_path, monkeypatch) -> Repo:
+    """The checkout compare names code against: a copy of this repository's modules, committed in a
+    git repository of its own (so that no test depends on the state of the real checkout); its
+    HEAD's short hash in .short."""
+    repo = Repo(tmp_path / "repo")
+    for f in [*ROOT.glob("*.py"), *ROOT.glob("plumbing/*.py")]:
+        (repo / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, repo / f.relative_to(ROOT))
+    git(repo.parent, "init", "-q", str(repo))
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "the code as committed")
+    monkeypatch.setattr(tool, "ROOT", repo)
+    repo.short = git(repo, "rev-parse", "--short", "HEAD")
+    return repo
 
 
 def code_id(code: dict[str, str]) -> str:
-    """The short id compare gives a code: its first 6 hex digits, computed here as the docs say."""
+    """The 6 hex digits a code's default folder is named after (run_folder.code_id)."""
     shas = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in code.items()}
     return hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()[:6]
 
@@ -171,8 +204,8 @@ def test_paths_in_labels_are_shortened_to_what_tells_them_apart(tmp_path):
 
 # ------------------------------------------------------------------------ the code a run started with
 
-def test_an_edit_of_the_code_is_a_row_of_its_own_not_seed_noise(tmp_path, capsys, monkeypatch):
-    """The student's ablation: the same command, once with this checkout's code and once with the
+def test_an_edit_of_the_code_is_a_row_of_its_own_not_seed_noise(tmp_path, capsys, monkeypatch, repo):
+    """The student's ablation: the same command, once with the committed code and once with the
     temperature doubled in simcse_loss: two rows of n 1 (not one row of n 2, 75.81 ± 0.68), their
     code told apart in the labels, the table and the plot's legend; no "same seed twice"."""
     base = [70.0, 78.0, 74.0, 82.0, 78.0, 80.0, 72.03]                      # avg 76.29
@@ -184,21 +217,113 @@ def test_an_edit_of_the_code_is_a_row_of_its_own_not_seed_noise(tmp_path, capsys
                         lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
     compare([original, edited, "--plot", tmp_path / "dev.png"])
     out, err = capsys.readouterr()
-    labels = [f"simcse.py [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's",
-              f"simcse.py [cls_before_pooler] code {code_id(EDITED)}: simcse.py differs"]
+    labels = [f"simcse.py [cls_before_pooler] as committed ({repo.short})",
+              "simcse.py [cls_before_pooler] simcse.py edited"]
     rows = out.splitlines()
     assert rows[1].startswith(labels[0]) and rows[1].split()[-1] == "76.29"
     assert rows[2].startswith(labels[1]) and rows[2].split()[-1] == "75.33"
     assert [row[len(label):].split()[0] for row, label in zip(rows[1:3], labels)] == ["1", "1"]
     assert "±" not in rows[1] + rows[2]
-    assert tool.CODE_NOTE in out and "--code_diff" in tool.CODE_NOTE
-    assert "same seed twice" not in err
+    assert tool.code_note(tool.committed()) in out and f"committed at {repo.short} (git HEAD)" in out
+    assert "--code_diff" in out and "same seed twice" not in err
+    assert code_id(CHECKOUT) not in out and code_id(EDITED) not in out      # no hex that reads as a commit
     (fig,) = saved
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == [f"{label}, n=1" for label in labels]
 
 
-def test_the_code_part_is_added_only_where_the_code_differs(tmp_path):
+def test_labels_read_forwards_whatever_the_working_tree_holds(tmp_path, capsys, repo):
+    """The loop as a student runs it, in a git checkout: a run of the committed simcse.py, the file
+    edited in place and run again, then `git checkout simcse.py`. Each row names its code against
+    the commit, before the edit is undone and after (the labels of a tree-relative reading swap)."""
+    script = repo / "simcse.py"
+    committed = {name: (repo / name).read_text() for name in MODULES}
+    original = make_run(tmp_path / "original", SIMCSE_ARGS, [70.0] * 7, code=committed)
+    script.write_text(script.read_text().replace(TAU_LINE, TAU_DOUBLED))          # the edit, in place
+    edited = make_run(tmp_path / "edited", SIMCSE_ARGS, [71.0] * 7,
+                      code={name: (repo / name).read_text() for name in MODULES})
+    expected = [f"simcse.py [cls_before_pooler] as committed ({repo.short})",
+                "simcse.py [cls_before_pooler] simcse.py edited"]
+
+    def labels() -> list[str]:
+        return [g["label"] for g in tool.group_runs([tool.read_run(original), tool.read_run(edited)])]
+    assert labels() == expected                                     # while the edit is in place
+    git(repo, "checkout", "simcse.py")
+    assert script.read_text() == committed["simcse.py"]
+    assert labels() == expected                                     # after it is undone
+    compare([edited, "--code_diff"])                                # the edit, against the commit
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [f"--- simcse.py (committed at {repo.short})", f"+++ {edited}/code/simcse.py"]
+    assert [line for line in out if line[:1] in "-+" and line[:3] not in ("---", "+++")] == [
+        "-" + TAU_LINE + " " * 33 + "# ()", "+" + TAU_DOUBLED + " " * 33 + "# ()"]
+    # the edit committed: the edited run is now the committed code, the other its edit
+    script.write_text(EDITED["simcse.py"])
+    git(repo, "commit", "-q", "-am", "tau doubled")
+    short = git(repo, "rev-parse", "--short", "HEAD")
+    assert labels() == ["simcse.py [cls_before_pooler] simcse.py edited",
+                        f"simcse.py [cls_before_pooler] as committed ({short})"]
+
+
+def test_two_edits_of_the_same_file_are_numbered_in_the_order_their_runs_started(tmp_path, repo):
+    base = [70.0] * 7
+    second = {**CHECKOUT, "simcse.py": CHECKOUT["simcse.py"].replace(TAU_LINE, "    return F.cross_entropy("
+                                                                      "sim / tau, labels) * 2")}
+    runs = {"late": make_run(tmp_path / "late", SIMCSE_ARGS, base, code=second),
+            "early": make_run(tmp_path / "early", SIMCSE_ARGS, base, code=EDITED),
+            "early-s2": make_run(tmp_path / "early-s2", {**SIMCSE_ARGS, "seed": 2}, base, code=EDITED),
+            "original": make_run(tmp_path / "original", SIMCSE_ARGS, base, code=CHECKOUT)}
+    for k, name in enumerate(["original", "early", "late", "early-s2"]):       # when each run started
+        for f in ("run.json", "args.json"):
+            os.utime(runs[name] / f, (1_700_000_000 + 60 * k,) * 2)
+    groups = tool.group_runs([tool.read_run(p) for p in runs.values()])        # given late first
+    assert [(g["label"], len(g["runs"])) for g in groups] == [
+        ("simcse.py [cls_before_pooler] simcse.py edited (edit 2)", 1),
+        ("simcse.py [cls_before_pooler] simcse.py edited (edit 1)", 2),
+        (f"simcse.py [cls_before_pooler] as committed ({repo.short})", 1)]
+
+
+def test_labels_name_every_file_that_differs_plumbing_included(tmp_path, repo):
+    """An edit anywhere in the modules a run ran is named, plumbing/ included; a module the commit
+    does not hold is `not committed`; a record of an earlier version (the script and common.py only)
+    still reads, and says that plumbing/ was not recorded."""
+    base = [70.0] * 7
+    inputs = {**CHECKOUT, "plumbing/inputs.py": CHECKOUT["plumbing/inputs.py"] + "# one sentence less\n"}
+    both = {**inputs, "simcse.py": EDITED["simcse.py"]}
+    new = {**CHECKOUT, "plumbing/extra.py": "# a module of the student's\n"}
+    codes = [CHECKOUT, inputs, both, new, OLD_RECORD, {**OLD_RECORD, "simcse.py": EDITED["simcse.py"]}]
+    runs = [make_run(tmp_path / f"r{k}", SIMCSE_ARGS, base, code=code) for k, code in enumerate(codes)]
+    assert [g["label"].removeprefix("simcse.py [cls_before_pooler] ") for g in tool.group_runs(
+        [tool.read_run(p) for p in runs])] == [
+        f"as committed ({repo.short})", "plumbing/inputs.py edited", "simcse.py, plumbing/inputs.py edited",
+        "plumbing/extra.py not committed", f"as committed ({repo.short}; plumbing/ not recorded)",
+        "simcse.py edited (plumbing/ not recorded)"]
+
+
+def test_outside_a_git_checkout_codes_are_numbered_by_start_and_the_note_says_why(tmp_path, capsys,
+                                                                                monkeypatch):
+    folder = tmp_path / "unpacked"                        # the repository from an archive: no .git
+    (folder / "plumbing").mkdir(parents=True)
+    for name in MODULES:
+        (folder / name).write_text(CHECKOUT[name])
+    monkeypatch.setattr(tool, "ROOT", folder)
+    assert tool.committed() == "not a git checkout"
+    base = [70.0] * 7
+    original = make_run(tmp_path / "original", SIMCSE_ARGS, base, code=CHECKOUT)
+    edited = make_run(tmp_path / "edited", SIMCSE_ARGS, [71.0] * 7, code=EDITED)
+    os.utime(edited / "run.json", (1_700_000_000,) * 2)                         # the edited one first
+    compare([original, edited])
+    out = capsys.readouterr().out
+    rows = out.splitlines()
+    assert rows[1].startswith("simcse.py [cls_before_pooler] code 2: simcse.py differs from code 1 ")
+    assert rows[2].startswith("simcse.py [cls_before_pooler] code 1 ")
+    assert "numbered in the order their runs started; this folder is not a git checkout, so there is no " \
+           "committed code to name them against" in out
+    compare([edited, "--code_diff"])                       # one run: against this folder's files
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["--- simcse.py (this folder)", f"+++ {edited}/code/simcse.py"]
+
+
+def test_the_code_part_is_added_only_where_the_code_differs(tmp_path, repo):
     """Flags only: today's labels. Flags and code: the flags, and the code too (a row whose code
     differs says so, whatever else differs). A script whose rows share their code: no code part,
     even beside another script's rows that differ."""
@@ -214,17 +339,17 @@ def test_the_code_part_is_added_only_where_the_code_differs(tmp_path):
                       code=focal_code) for seed in (1, 2)]
     groups = tool.group_runs([tool.read_run(p) for p in (*both, *focal)])
     labels = [g["label"] for g in groups]
-    assert labels[0] == f"simcse.py tau=0.05 [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's"
-    assert labels[1] == f"simcse.py tau=0.1 [cls_before_pooler] code {code_id(EDITED)}: simcse.py differs"
+    assert labels[0] == f"simcse.py tau=0.05 [cls_before_pooler] as committed ({repo.short})"
+    assert labels[1] == "simcse.py tau=0.1 [cls_before_pooler] simcse.py edited"
     assert labels[2] == "focal_infonce.py tau=0.07 [cls_before_pooler]" and len(groups[2]["runs"]) == 2
-    # a code that differs from this checkout in two files names both
-    two = {"simcse.py": "# another\n", "common.py": "# another\n"}
+    # a code that differs from the commit in two files names both
+    two = {**OLD_RECORD, "simcse.py": "# another\n", "common.py": "# another\n"}
     (g1, g2) = tool.group_runs([tool.read_run(same[0]), tool.read_run(
         make_run(tmp_path / "d", SIMCSE_ARGS, base, code=two))])
-    assert g2["label"].endswith(f"code {code_id(two)}: simcse.py, common.py differ")
+    assert g2["label"].endswith("[cls_before_pooler] simcse.py, common.py edited (plumbing/ not recorded)")
 
 
-def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys):
+def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys, repo):
     """Runs from before code was recorded: never merged with a run whose code is known (its code is
     unknown), merged with each other as before."""
     base = [70.0] * 7
@@ -233,7 +358,7 @@ def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys):
     groups = tool.group_runs([tool.read_run(p) for p in (*old, new)])
     assert [(g["label"], len(g["runs"])) for g in groups] == [
         ("simcse.py [cls_before_pooler] code not recorded", 2),
-        (f"simcse.py [cls_before_pooler] code {code_id(CHECKOUT)}: this checkout's", 1)]
+        (f"simcse.py [cls_before_pooler] as committed ({repo.short})", 1)]
     assert [g["label"] for g in tool.group_runs([tool.read_run(p) for p in old])] == [
         "simcse.py [cls_before_pooler]"]
     (new / "run.json").write_text(json.dumps({"script": "simcse.py", "code": {"../etc/passwd": "0" * 64}}))
@@ -241,9 +366,9 @@ def test_a_run_whose_code_is_not_recorded_is_a_row_of_its_own(tmp_path, capsys):
     assert f"{new / 'run.json'}: its \"code\" is not {{file: sha256 hex}}" in err
 
 
-def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys):
+def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys, repo):
     """Two runs: a unified diff of each file whose recorded code differs, from their code/ copies
-    (an unfinished run's too). One run: this checkout's file (-) against the run's copy (+). A run
+    (an unfinished run's too). One run: the committed file (-) against the run's copy (+). A run
     without a record of its code says so in one line; a copy changed after the run, in a note."""
     original = make_run(tmp_path / "original", SIMCSE_ARGS, [70.0] * 7, code=CHECKOUT)
     edited = make_run(tmp_path / "edited", SIMCSE_ARGS, None, code=EDITED)             # Ctrl-C'd: no best/
@@ -253,13 +378,14 @@ def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys):
     shape = "                                 # ()"
     assert [line for line in out if line[:1] in "-+" and line[:3] not in ("---", "+++")] == [
         "-" + TAU_LINE + shape, "+" + TAU_DOUBLED + shape]
-    assert out[-1] == "the same in both: common.py"
+    assert out[-1] == f"the same in both: {', '.join(MODULES[1:])}"
     compare([edited, "--code_diff"])
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["--- simcse.py (this checkout)", f"+++ {edited}/code/simcse.py"]
+    assert out[:2] == [f"--- simcse.py (committed at {repo.short})", f"+++ {edited}/code/simcse.py"]
     assert "+" + TAU_DOUBLED + shape in out
     compare([original, "--code_diff"])
-    assert capsys.readouterr().out == f"this checkout and {original}: the same code (simcse.py, common.py)\n"
+    assert capsys.readouterr().out == (f"the code committed at {repo.short} and {original}: the same code "
+                                       f"({', '.join(MODULES)})\n")
     old = make_run(tmp_path / "old", SIMCSE_ARGS, [70.0] * 7)
     compare([old, edited, "--code_diff"])
     assert capsys.readouterr().out == (f"{old}: no record of its code (no run.json with \"code\": a run "
@@ -273,6 +399,110 @@ def test_code_diff_shows_the_lines_that_differ_named_by_run(tmp_path, capsys):
     err = error_of([original, edited, old, "--code_diff"], capsys)
     assert "--code_diff: 3 run folders" in err and "give two runs, or one" in err
     assert "leave out --plot" in error_of([original, "--code_diff", "--plot", tmp_path / "a.png"], capsys)
+
+
+def test_code_diff_checks_every_copy_against_run_json_plumbing_included(tmp_path, capsys, repo):
+    """Every copy in code/ is held to the sha256 run.json records: one that is not (edited after
+    the run started) or is missing is said so, and two runs whose records agree are then never
+    "the same code"; an edit of a plumbing/ module is diffed like the script's; a record of an
+    earlier version is diffed on the files it holds, the others named."""
+    inputs = {**CHECKOUT, "plumbing/inputs.py": CHECKOUT["plumbing/inputs.py"] + "# one sentence less\n"}
+    a = make_run(tmp_path / "a", SIMCSE_ARGS, [70.0] * 7, code=CHECKOUT)
+    b = make_run(tmp_path / "b", {**SIMCSE_ARGS, "seed": 2}, [70.0] * 7, code=CHECKOUT)
+    compare([a, b, "--code_diff"])
+    assert capsys.readouterr().out == f"{a} and {b}: the same code ({', '.join(MODULES)})\n"
+    tampered = b / "code" / "plumbing" / "inputs.py"
+    tampered.write_text(CHECKOUT["plumbing/inputs.py"].replace("def ", "def  ", 1))
+    (b / "code" / "common.py").unlink()
+    compare([a, b, "--code_diff"])
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"note: {b}/code/common.py: missing, though {b}/run.json records it: its lines cannot be "
+                   f"shown",
+                   f"note: {tampered}: not the file {b}/run.json records (changed after the run started?): "
+                   f"run.json's sha256 is what ran; a diff below shows this copy's lines",
+                   f"{a} and {b}: run.json records the same sha256 for each file ({', '.join(MODULES)}), "
+                   f"but a copy in code/ is not that file (above)"]
+    assert not any("the same code" in line for line in out)
+    c = make_run(tmp_path / "c", SIMCSE_ARGS, [70.0] * 7, code=inputs)
+    compare([a, c, "--code_diff"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [f"--- {a}/code/plumbing/inputs.py", f"+++ {c}/code/plumbing/inputs.py"]
+    assert [line for line in out if line[:1] in "-+" and line[:3] not in ("---", "+++")] == [
+        "+# one sentence less"]
+    old = make_run(tmp_path / "old", SIMCSE_ARGS, [70.0] * 7, code=OLD_RECORD)
+    compare([old, c, "--code_diff"])
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"only in {c}'s code: {', '.join(MODULES[2:])} ({old}'s run.json records simcse.py, "
+                   f"common.py only: an earlier version's record)", "the same in both: simcse.py, common.py"]
+
+
+# ------------------------------------------------------------------------ seed noise under the table
+
+def test_a_one_seed_comparison_says_it_is_one_seed(tmp_path, capsys):
+    """Focal --m 0.1 against 0.3, one seed each (+0.22): one line says the rows are one seed, with
+    the spread measured for the script and where; two seeds a row: no such line."""
+    base = [70.0] * 7
+    m3 = make_run(tmp_path / "m0.3", FOCAL_ARGS, base, "focal_infonce.py")
+    m1 = make_run(tmp_path / "m0.1", {**FOCAL_ARGS, "m": 0.1}, [70.22] * 7, "focal_infonce.py")
+    md = tmp_path / "t.md"
+    compare([m3, m1, "--markdown", md])
+    out = capsys.readouterr().out.splitlines()
+    line = ("one seed: every row is one run (n = 1), and one seed cannot tell a difference from seed noise: "
+            "two seeds of focal_infonce.py ended 0.07 apart on the laptop testbed (seeds 1 and 2: "
+            "75.80 ± 0.05 and, --no-modulate, 75.31 ± 0.05, docs/results.md)")
+    assert [x for x in out if x.startswith(("one seed", "within seed noise"))] == [line]   # +0.22 > 0.07
+    assert f"- {line}" in md.read_text().splitlines()
+    m1_s2 = make_run(tmp_path / "m0.1-s2", {**FOCAL_ARGS, "m": 0.1, "seed": 2}, [70.3] * 7,
+                     "focal_infonce.py")
+    compare([m3, m1, m1_s2])
+    out = capsys.readouterr().out
+    assert ("one seed: focal_infonce.py m=0.3 [cls_before_pooler] is one run (n = 1), and one seed "
+            "cannot tell") in out
+    compare([m1, m1_s2])                                        # one row of two seeds: nothing to say
+    assert "seed noise" not in capsys.readouterr().out
+
+
+def test_a_difference_within_the_seed_spread_says_so(tmp_path, capsys):
+    """Two rows of two seeds whose averages differ by less than two seeds of SimCSE ended apart on the
+    laptop testbed (0.24): one line with the spread and where it was measured; 0.30 apart: none.
+    Across scripts, the larger of their spreads; none where neither script's was measured."""
+    base = [70.0] * 7
+    rows = {}
+    for name, shift, tau in [("a", 0.0, 0.05), ("b", 0.10, 0.1), ("c", 0.30, 0.2)]:
+        rows[name] = [make_run(tmp_path / f"{name}-s{seed}", {**SIMCSE_ARGS, "tau": tau, "seed": seed},
+                               [b + shift + 0.01 * seed for b in base]) for seed in (1, 2)]
+    compare([*rows["a"], *rows["b"], *rows["c"]])
+    out = [x for x in capsys.readouterr().out.splitlines() if "seed noise" in x]
+    spread = ("two seeds of simcse.py ended 0.24 apart on the laptop testbed (seed 42: 75.67, README.md's "
+              "first run; seeds 1 and 2: 75.43 ± 0.00, docs/results.md)")
+    assert out == [f"within seed noise: simcse.py tau=0.1 [cls_before_pooler] against simcse.py tau=0.05 "
+                   f"[cls_before_pooler]: +0.10 on the average, less than {spread}",
+                   f"within seed noise: simcse.py tau=0.2 [cls_before_pooler] against simcse.py tau=0.1 "
+                   f"[cls_before_pooler]: +0.20 on the average, less than {spread}"]     # a-c: 0.30, not said
+    rows_ = [{"label": "x", "script": "ifcl.py", "n": 2, "mean": {"avg": 74.56}},
+             {"label": "y", "script": "conisi.py", "n": 2, "mean": {"avg": 74.06}},
+             {"label": "z", "script": "mine.py", "n": 2, "mean": {"avg": 74.90}},     # measured for neither:
+             {"label": "w", "script": "mine.py", "n": 2, "mean": {"avg": 74.90}}]     # nothing said
+    assert tool.noise_lines(rows_) == [
+        "within seed noise: y against x: -0.50 on the average, less than two seeds of conisi.py ended 0.71 "
+        "apart on the laptop testbed (seeds 1 and 2, --lam 0: 74.61 ± 0.50, docs/results.md)"]
+
+
+def test_the_seed_spreads_are_the_figures_the_docs_print():
+    """Each script's spread quotes figures docs/results.md's testbed table (and README's first run)
+    prints, and is what they make: two seeds with sample std s are s * sqrt(2) apart."""
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    testbed = results[results.index("## What the testbed measured"):results.index("## The untrained encoder")]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert set(tool.SEED_SPREAD) == {"simcse.py", "focal_infonce.py", "ifcl.py", "conisi.py", "rcl.py"}
+    for script, (spread, where) in tool.SEED_SPREAD.items():
+        quoted = re.findall(r"(\d+\.\d\d) ± (\d\.\d\d)", where)
+        assert quoted and all(f"{mean} ± {std}" in testbed for mean, std in quoted), script
+        if script == "simcse.py":
+            assert "75.67" in readme and "seed 42" in readme and "README.md" in where
+            assert spread == pytest.approx(75.67 - float(quoted[0][0]))
+        else:
+            assert spread == round(max(float(std) for _, std in quoted) * 2 ** 0.5, 2), script
 
 
 def test_runs_from_before_scripts_and_poolers_were_recorded(tmp_path):
@@ -665,14 +895,11 @@ def test_end_to_end_a_real_tiny_run(tmp_path, tiny_bert, corpus, small_sts, cach
 
 
 def test_end_to_end_an_edited_copy_of_the_code_is_a_row_of_its_own(tmp_path, tiny_bert, corpus, small_sts,
-                                                                    cache_dir, capsys):
+                                                                    cache_dir, capsys, repo):
     """The student's ablation as a student does it: the repository copied twice, the temperature
     doubled in one copy's simcse_loss, the same command run from each copy into its own folder,
     then compare: two rows (not one of n 2), their labels telling the code apart, and --code_diff
-    showing the edited line.
-
-    NOTE: this test needs the writing side of the code record (run.json's "code", the run's code/
-    copies), which is not on this branch yet: until it lands, it fails at its first assertion."""
+    showing the edited line."""
     shutil.copytree(ROOT, tmp_path / "checkout", ignore=lambda d, names: [
         n for n in names if not n.endswith(".py") and not (Path(d) == ROOT and n == "plumbing")])
     shutil.copytree(tmp_path / "checkout", tmp_path / "edited")
@@ -698,9 +925,9 @@ def test_end_to_end_an_edited_copy_of_the_code_is_a_row_of_its_own(tmp_path, tin
     compare(runs)
     out, err = capsys.readouterr()
     rows = out.splitlines()[1:3]
-    assert rows[0].startswith("simcse.py [cls_before_pooler] code ") and " this checkout's " in rows[0]
-    assert rows[1].startswith("simcse.py [cls_before_pooler] code ") and " simcse.py differs " in rows[1]
-    assert rows[0].split()[3] != rows[1].split()[3]                         # the code ids
+    # the copies hold the files committed in `repo` (plumbing/ recorded or not, by the code that ran)
+    assert rows[0].startswith(f"simcse.py [cls_before_pooler] as committed ({repo.short}")
+    assert rows[1].startswith("simcse.py [cls_before_pooler] simcse.py edited ")
     assert not out.splitlines()[3].startswith("simcse.py") and "same seed twice" not in err
     compare([*runs, "--code_diff"])
     diff = capsys.readouterr().out.splitlines()

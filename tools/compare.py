@@ -21,13 +21,24 @@ pooler of its final evaluation.
 --baseline adds the untrained encoder's row and, with --plot, its point in the second panel, joined
 to the first evaluation of every run evaluated with its --pooler: where those runs started.
 
-A run's code is its script and common.py as it started (run.json records their sha256, code/
-keeps a copy): an edited copy is a row of its own, never a seed of the original. Where a script's
-rows differ in code, each label adds it: `code 3f2a1c: this checkout's` (the same files as the
-checkout compare runs from), `code 9b1d0e: simcse.py differs` (from this checkout's), or `code not
-recorded` (a run from before code was recorded: never merged with known code). --code_diff prints,
+A run's code is every module of this repository it ran (the script, common.py, plumbing/; run.json
+records their sha256, code/ keeps a copy; a run of an earlier version recorded the script and
+common.py only): an edited copy is a row of its own, never a seed of the original. Where a
+script's rows differ in code, each label names it against the code committed in this checkout
+(git HEAD), so that it reads the same whatever the working tree holds: `as committed (664f320)`,
+`simcse.py edited`, `simcse.py, plumbing/inputs.py edited` (the files whose bytes are not the
+commit's), `plumbing/x.py not committed`; two different edits of the same files are `(edit 1)` and
+`(edit 2)`, in the order their runs started; `plumbing/ not recorded` marks an earlier version's
+record, `code not recorded` a run from before code was recorded (never merged with known code).
+Outside a git checkout the codes are numbered in the order their runs started, `code 1`, `code 2:
+simcse.py differs from code 1`, and the note under the table says why. --code_diff prints,
 instead of the table, a unified diff of each file that differs between two runs' code/ copies, or
-between this checkout's file and one run's.
+between the committed file and one run's copy, after checking every copy against run.json.
+
+Under the table, one line where a row is a single seed (n = 1), and one for each two rows whose
+averages differ by less than two seeds of their script ended apart on the laptop testbed: a
+difference seed noise can make. Each line gives that spread, the figures it comes from and the
+page that prints them (docs/results.md, README.md).
 
 Below the table, a second one shows what each method's own part did: the figures its script
 logs of its mechanism (MECHANISM below: IFCL's innate margin and twins gap, Focal-InfoNCE's
@@ -49,10 +60,12 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +79,7 @@ from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 from plumbing import inputs, run_folder  # noqa: E402
 from plumbing.atomic_writes import sha256_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]   # this checkout: a run's recorded code is held against its files
+ROOT = Path(__file__).resolve().parents[1]   # this checkout: a run's code is named against its commit
 
 # NOTE(ours): runs that differ only in these are seeds of one configuration: the seed, and
 # common's one list of flags that say where and how a run is written, not what it trains
@@ -74,9 +87,20 @@ IGNORED = ("seed", *common.NOT_TRAINING)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 NOTE = ("Spearman x100 of cosine similarity on the test sets; [..] = the pooler of the final "
         "evaluation; n seeds: mean ± sample std (ddof=1).")
-CODE_NOTE = ("code ID: the code a run started with (run.json's sha256 of each file; a copy in the run's "
-             "code/); this checkout's: the same files as the checkout compare runs from; F differs: F is not "
-             "this checkout's. What differs: `python tools/compare.py RUN_A RUN_B --code_diff`.")
+DIFF_HINT = "What differs: `python tools/compare.py RUN_A RUN_B --code_diff`."
+
+# NOTE(ours): how far apart two seeds of one configuration ended on the 7-task average, measured
+# for each script on the laptop testbed (all-MiniLM-L6-v2, 40 steps at batch 64, raw [CLS]), and
+# the printed figures it comes from. Two seeds whose sample std is s are s * sqrt(2) apart.
+SEED_SPREAD = {
+    "simcse.py": (0.24, "seed 42: 75.67, README.md's first run; seeds 1 and 2: 75.43 ± 0.00, "
+                  "docs/results.md"),
+    "focal_infonce.py": (0.07, "seeds 1 and 2: 75.80 ± 0.05 and, --no-modulate, 75.31 ± 0.05, "
+                         "docs/results.md"),
+    "ifcl.py": (0.03, "seeds 1 and 2, --no_fraternal --no_twins --no_queue: 74.58 ± 0.02, docs/results.md"),
+    "conisi.py": (0.71, "seeds 1 and 2, --lam 0: 74.61 ± 0.50, docs/results.md"),
+    "rcl.py": (0.11, "seeds 1 and 2, --phi 0 0: 75.47 ± 0.08, docs/results.md"),
+}
 
 
 @dataclass
@@ -92,7 +116,8 @@ class Args:
                     "dev curve over the steps and, beside it, its alignment against uniformity over "
                     "training (SimCSE Fig. 2)")
     code_diff: bool = arg(False, "instead of the table: what differs between two runs' code (a unified diff "
-                          "of their code/ copies), or between one run's and this checkout's")
+                          "of their code/ copies, each checked against run.json), or between one run's and "
+                          "the code committed in this checkout")
 
 
 def _read_json(path: Path) -> dict:
@@ -134,8 +159,8 @@ def run_folders(folder: str | Path, depth: int = 3) -> list[Path]:
 
 def read_run(folder: str | Path, plot: bool = False) -> dict:
     """One folder: {"path", "args" (args.json or None), "script", "code" ({file: sha256}, or None:
-    not recorded), "test" (the 7-task result, or None: drawn only), "pooler"}. Anything else is a
-    UserError that names it and what to do."""
+    not recorded), "started" (started), "test" (the 7-task result, or None: drawn only), "pooler"}.
+    Anything else is a UserError that names it and what to do."""
     p = Path(folder)
     args_f, test_f, log_f = p / "args.json", p / "best" / "test_metrics.json", p / "metrics.jsonl"
     if not p.is_dir():
@@ -158,7 +183,8 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
                         f"Leave it out.")
     record = _read_json(p / "run.json") if (p / "run.json").is_file() else {}
     run = {"path": p, "args": _read_json(args_f) if args_f.is_file() else None, "test": None,
-           "script": record.get("script"), "code": recorded_code(p / "run.json", record)}
+           "script": record.get("script"), "code": recorded_code(p / "run.json", record),
+           "started": started(p)}
     if finished:
         run["test"] = _read_json(test_f)
         if not result_tasks(run["test"]) or not isinstance(run["test"].get("avg"), (int, float)):
@@ -167,6 +193,13 @@ def read_run(folder: str | Path, plot: bool = False) -> dict:
     # flag evaluates with it; the others (ifcl.py, conisi.py) stay unknown
     run["pooler"] = (run["test"] or {}).get("pooler") or (run["args"] or {}).get("pooler")
     return run
+
+
+def started(folder: Path) -> float:
+    """When a run started, as far as its folder tells: its record's time (run.json and args.json are
+    written once, as it starts); 0 where it has neither."""
+    times = [(folder / f).stat().st_mtime for f in ("run.json", "args.json") if (folder / f).is_file()]
+    return min(times, default=0.0)
 
 
 def recorded_code(run_json: Path, record: dict) -> dict[str, str] | None:
@@ -188,34 +221,133 @@ def _plain_path(name: str) -> bool:
     return "\\" not in name and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
+@dataclass(frozen=True)
+class Committed:
+    """The code committed at a git checkout's HEAD: what a row's code is named against."""
+    root: Path
+    commit: str       # HEAD's full hash
+    short: str        # as git abbreviates it
+    prefix: str       # the checkout's place inside its repository ("" at its top)
+
+    def blob(self, name: str) -> bytes | None:
+        """The bytes of `name` (a path relative to the checkout) at this commit; None: not in it."""
+        return _git_blob(self.root, f"{self.commit}:{self.prefix}{name}")
+
+    def sha256(self, name: str) -> str | None:
+        data = self.blob(name)
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _git(root: Path, *argv: str) -> subprocess.CompletedProcess:
+    # NOTE(ours): GIT_DIR and its kind (set inside a git hook) would point git at another repository
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return subprocess.run(["git", "-C", str(root), *argv], capture_output=True, env=env, timeout=60)
+
+
 @functools.lru_cache(maxsize=None)
-def checkout_sha256(name: str) -> str | None:
-    """The sha256 of `name` in this checkout (the repository compare runs from), or None: no such file."""
-    return sha256_file(ROOT / name) if (ROOT / name).is_file() else None
+def _git_blob(root: Path, spec: str) -> bytes | None:
+    r = _git(root, "cat-file", "blob", spec)
+    return r.stdout if r.returncode == 0 else None
+
+
+def committed(root: Path | None = None) -> Committed | str:
+    """The code committed at the HEAD of `root` (this checkout), or, where there is none to name a
+    code against, why not, in a few words."""
+    root = ROOT if root is None else root
+    try:
+        where = _git(root, "rev-parse", "--show-prefix")
+        if where.returncode != 0:
+            why = where.stderr.decode(errors="replace").strip().splitlines() or ["?"]
+            return ("not a git checkout" if "not a git repository" in why[0]
+                    else f"git cannot read this checkout ({why[0]})")
+        head = _git(root, "rev-parse", "--verify", "-q", "HEAD")
+        if head.returncode != 0:
+            return "a git checkout without a commit yet"
+        short = _git(root, "rev-parse", "--short", "HEAD").stdout.decode().strip()
+    except FileNotFoundError:
+        return "git is not installed"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"git could not be run ({e})"
+    ref = Committed(root, head.stdout.decode().strip(), short, where.stdout.decode().strip())
+    if ref.blob("common.py") is None:     # a folder inside some other repository, not this project's
+        return f"the git repository around it has no common.py committed at {short}"
+    return ref
 
 
 def _code_key(code: dict | None) -> str:
     return json.dumps(code, sort_keys=True)
 
 
-def code_ids(codes: list[dict]) -> dict[str, str]:
-    """A short id for each code (_code_key -> the first hex digits of its sha256): 6 digits, or as
-    many more as tell these codes apart."""
-    full = {_code_key(c): run_folder.code_id(c, 64) for c in codes}     # the folder's suffix: its first 6
-    n = 6
-    while len({h[:n] for h in full.values()}) < len(full):
-        n += 1
-    return {k: h[:n] for k, h in full.items()}
+def _earlier_record(code: dict) -> bool:
+    """A record of an earlier version: the script and common.py, no plumbing/ module."""
+    return not any(name.startswith("plumbing/") for name in code)
 
 
-def code_label(code: dict | None, ids: dict[str, str]) -> str:
-    """A row's code part: `code 3f2a1c: this checkout's`, `code 9b1d0e: simcse.py differs` (from this
-    checkout's file) or `code not recorded` (a run from before code was recorded)."""
-    if code is None:
-        return "code not recorded"
-    differ = [name for name, sha in code.items() if checkout_sha256(name) != sha]
-    what = "this checkout's" if not differ else f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
-    return f"code {ids[_code_key(code)]}: {what}"
+def code_labels(codes: list[tuple[str | None, dict | None]], ref: Committed | str) -> dict[str, str]:
+    """The code part of a label of each code (_code_key -> text); `codes` = (script, code) in the
+    order their runs started. Against a commit (ref): `as committed (664f320)`, `simcse.py edited`,
+    `simcse.py, plumbing/inputs.py edited`, `plumbing/x.py not committed`; different edits of the
+    same files `(edit 1)`, `(edit 2)` in that order. Outside a git checkout (ref: why not): `code
+    1`, `code 2: simcse.py differs from code 1`, numbered within a script. An earlier version's
+    record adds `plumbing/ not recorded`; a run from before code was recorded: `code not recorded`."""
+    found: dict[str, tuple[str | None, dict | None]] = {}
+    for script, code in codes:
+        found.setdefault(_code_key(code), (script, code))
+    what, edit = {}, {}                      # key -> the label's text; key -> the edit it names
+    if isinstance(ref, Committed):
+        for key, (_, code) in found.items():
+            if code is None:
+                continue
+            shas = {name: ref.sha256(name) for name in code}
+            edited = [name for name in code if shas[name] not in (None, code[name])]
+            new = [name for name in code if shas[name] is None]
+            parts = ([f"{', '.join(edited)} edited"] * bool(edited)
+                     + [f"{', '.join(new)} not committed"] * bool(new))
+            what[key] = ", ".join(parts) or f"as committed ({ref.short}"   # its bracket closed below
+            edit[key] = tuple((name, code[name]) for name in edited + new)
+    else:
+        firsts: dict[str | None, list[str]] = {}          # a script's codes, code 1 first
+        for key, (script, code) in found.items():
+            if code is None:
+                continue
+            keys = firsts.setdefault(script, [])
+            keys.append(key)
+            one = found[keys[0]][1]
+            differ = [name for name in dict.fromkeys([*one, *code]) if one.get(name) != code.get(name)]
+            what[key] = f"code {len(keys)}" + (f": {', '.join(differ)} differ{'s' * (len(differ) == 1)} from "
+                                               f"code 1" if differ else "")
+    out = {}
+    for key, (_, code) in found.items():
+        if code is None:
+            out[key] = "code not recorded"
+            continue
+        # the different edits of the same files, in the order their runs started
+        edits = list(dict.fromkeys(edit[k] for k in what if what[k] == what[key] and edit.get(k)))
+        quals = [f"edit {edits.index(edit[key]) + 1}"] if len(edits) > 1 and edit.get(key) else []
+        quals += ["plumbing/ not recorded"] * _earlier_record(code)
+        if what[key].startswith("as committed ("):      # `as committed (664f320; plumbing/ not recorded)`
+            out[key] = "; ".join([what[key], *quals]) + ")"
+        else:
+            out[key] = what[key] + (f" ({'; '.join(quals)})" if quals else "")
+    for key, label in out.items():          # the same edit, other modules recorded (a run that imported more)
+        alike = [k for k in out if out[k] == label and k != key]
+        if alike and found[key][1] is not None:
+            code = found[key][1]
+            extra = sorted(set(code) - set.intersection(*(set(found[k][1] or {}) for k in alike)))
+            out[key] = label + (f" (also {', '.join(extra)})" if extra else " (fewer modules)")
+    return out
+
+
+def code_note(ref: Committed | str) -> str:
+    """The line under a table whose labels name code: what they are named against."""
+    if isinstance(ref, Committed):
+        return (f"code: the modules a run ran (run.json's sha256 of each; a copy in the run's code/), "
+                f"named against the code committed at {ref.short} (git HEAD): as committed, or the files "
+                f"edited from it; edit 1, edit 2: different edits of the same files, in the order their runs "
+                f"started. {DIFF_HINT}")
+    return (f"code 1, code 2: the modules a run ran (run.json's sha256 of each; a copy in the run's code/), "
+            f"numbered in the order their runs started; this folder is {ref}, so there is no committed code "
+            f"to name them against. {DIFF_HINT}")
 
 
 def code_of(folder: Path) -> dict[str, str] | None:
@@ -227,48 +359,92 @@ def code_of(folder: Path) -> dict[str, str] | None:
     return recorded_code(run_json, _read_json(run_json)) if run_json.is_file() else None
 
 
-def _copy(folder: Path | None, name: str, sha: str) -> tuple[list[str], str, list[str]]:
-    """(lines, the name a diff gives them, notes) of a run's copy of `name`, or of this checkout's
-    file (folder None); a copy that is not the file run.json records is diffed with a note."""
-    path, notes = (ROOT / name, []) if folder is None else (folder / "code" / name, [])
-    if not path.is_file():
-        return [], str(path), [f"{path}: missing, though {folder / 'run.json'} records it: its lines cannot "
-                               f"be shown."]
-    if folder is not None and sha256_file(path) != sha:
-        notes.append(f"note: {path}: not the file {folder / 'run.json'} records (changed after the run "
-                     f"started?); the lines below are this copy's")
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    return text.splitlines(), f"{name} (this checkout)" if folder is None else str(path), notes
+@dataclass
+class _Side:
+    """One side of --code_diff: a run's recorded code and its code/ copies, or the committed code
+    (or, outside a git checkout, this folder's files) of the files that run recorded."""
+    who: str                                   # the name it goes by in a line
+    code: dict[str, str | None]                # file -> sha256 (None: it has no such file)
+    read: Callable[[str], bytes | None]        # a file's bytes (None: missing)
+    name: Callable[[str], str]                 # a file's name in the diff's header
+
+
+def _run_side(folder: Path, code: dict[str, str]) -> _Side:
+    def read(name: str) -> bytes | None:
+        path = folder / run_folder.CODE / name
+        return path.read_bytes() if path.is_file() else None
+    return _Side(str(folder), dict(code), read, lambda name: str(folder / run_folder.CODE / name))
+
+
+def _reference_side(names: list[str]) -> _Side:
+    """The committed code (git HEAD) of `names`; outside a git checkout, this folder's files."""
+    ref = committed()
+    if isinstance(ref, Committed):
+        return _Side(f"the code committed at {ref.short}", {name: ref.sha256(name) for name in names},
+                     ref.blob, lambda name: f"{name} (committed at {ref.short})")
+
+    def read(name: str) -> bytes | None:
+        return (ROOT / name).read_bytes() if (ROOT / name).is_file() else None
+    return _Side(f"this folder's files ({ref})", {name: sha256_file(ROOT / name) if (ROOT / name).is_file()
+                                                  else None for name in names},
+                 read, lambda name: f"{name} (this folder)")
+
+
+def check_copies(folder: Path, code: dict[str, str]) -> list[str]:
+    """One note for each copy in a run's code/ that is missing or is not the file run.json records."""
+    notes = []
+    for name, sha in code.items():
+        path = folder / run_folder.CODE / name
+        if not path.is_file():
+            notes.append(f"note: {path}: missing, though {folder / 'run.json'} records it: its lines cannot "
+                         f"be shown")
+        elif sha256_file(path) != sha:
+            notes.append(f"note: {path}: not the file {folder / 'run.json'} records (changed after the run "
+                         f"started?): run.json's sha256 is what ran; a diff below shows this copy's lines")
+    return notes
+
+
+def _lines(data: bytes | None) -> list[str]:
+    return [] if data is None else data.decode("utf-8", errors="replace").splitlines()
 
 
 def code_diff(a: Path, b: Path | None = None) -> str:
-    """What differs between run a's code and run b's: a unified diff (a's lines -, b's +) of each
-    recorded file whose sha256 differs, named by run. One run: this checkout's files -, the run's
-    +, so that an edit the run was made with reads as one. A run without a record says so."""
+    """What differs between run a's code and run b's: first a note for each copy in code/ that is
+    not what run.json records (check_copies), then a unified diff (a's lines -, b's +) of each
+    recorded file whose sha256 differs, plumbing/ included, named by run. One run: the committed
+    file (git HEAD; outside a git checkout, this folder's) -, the run's copy +, so that the edit a
+    run was made with reads as one. A run without a record says so."""
     codes = {a: code_of(a)} | ({} if b is None else {b: code_of(b)})
     unknown = [f"{p}: no record of its code (no run.json with \"code\": a run of an earlier version); "
                f"nothing to diff" for p, c in codes.items() if c is None]
     if unknown:
         return "\n".join(unknown)
-    sides = [(a, codes[a]), (b, codes[b])] if b is not None else [
-        (None, {name: checkout_sha256(name) for name in codes[a]}), (a, codes[a])]
-    (old, code_old), (new, code_new) = sides
-    who = {old: "this checkout" if old is None else str(old), new: str(new)}
-    out, same = [], []
-    for name in dict.fromkeys([*code_old, *code_new]):
-        sha_old, sha_new = code_old.get(name), code_new.get(name)
+    notes = [note for p, c in codes.items() for note in check_copies(p, c)]
+    old = _run_side(a, codes[a]) if b is not None else _reference_side(list(codes[a]))
+    new = _run_side(b, codes[b]) if b is not None else _run_side(a, codes[a])
+    out, same, only = [], [], {old.who: [], new.who: []}
+    for name in dict.fromkeys([*old.code, *new.code]):
+        sha_old, sha_new = old.code.get(name), new.code.get(name)
         if sha_old == sha_new:
             same.append(name)
         elif sha_old is None or sha_new is None:
-            out.append(f"{name}: only in {who[new if sha_old is None else old]}'s code")
+            only[new.who if sha_old is None else old.who].append(name)
         else:
-            lines_old, name_old, notes_old = _copy(old, name, sha_old)
-            lines_new, name_new, notes_new = _copy(new, name, sha_new)
-            out += [*notes_old, *notes_new,
-                    *difflib.unified_diff(lines_old, lines_new, name_old, name_new, lineterm="")]
+            out += difflib.unified_diff(_lines(old.read(name)), _lines(new.read(name)), old.name(name),
+                                        new.name(name), lineterm="")
+    for who, names in only.items():
+        if names:
+            other = next(s for s in (old, new) if s.who != who)
+            earlier = b is not None and _earlier_record(other.code)
+            out.append(f"only in {who}'s code: {', '.join(names)}" + (
+                f" ({other.who}'s run.json records {', '.join(other.code)} only: an earlier version's "
+                f"record)" if earlier else ""))
+    if not out and notes:
+        return "\n".join(notes + [f"{old.who} and {new.who}: run.json records the same sha256 for each file "
+                                  f"({', '.join(same)}), but a copy in code/ is not that file (above)"])
     if not out:
-        return f"{who[old]} and {who[new]}: the same code ({', '.join(same)})"
-    return "\n".join(out + ([f"the same in both: {', '.join(same)}"] if same else []))
+        return f"{old.who} and {new.who}: the same code ({', '.join(same)})"
+    return "\n".join(notes + out + ([f"the same in both: {', '.join(same)}"] if same else []))
 
 
 def _fmt(v: Any) -> str:
@@ -290,7 +466,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
     the order first given: {"runs", "label", "finished", "code_shown"}. A label names the script
     (or, for a run from before scripts were recorded, its folder), the flags whose values differ
     between groups, the pooler of the final evaluation, and where the groups of its script started
-    with different code, its code (code_label): an edit shows as a row, not as seed noise."""
+    with different code, its code (code_labels, against this checkout's commit; "code_note" says
+    so under the table): an edit shows as a row, not as seed noise."""
     groups: dict[Any, dict] = {}
     for r in runs:
         trained = None if r["args"] is None else {k: v for k, v in r["args"].items() if k not in IGNORED}
@@ -309,10 +486,15 @@ def group_runs(runs: list[dict]) -> list[dict]:
     codes_of: dict[Any, set] = {}
     for g in (g for g in out if g["runs"][0]["args"] is not None):
         codes_of.setdefault(g["runs"][0]["script"], set()).add(_code_key(g["runs"][0]["code"]))
-    ids = code_ids([g["runs"][0]["code"] for g in out if g["runs"][0]["code"] is not None])
+    shown = any(len(keys) > 1 for keys in codes_of.values())
+    ref = committed() if shown else ""
+    by_start = sorted((r for r in runs if r["args"] is not None),
+                      key=lambda r: (r["started"], str(r["path"])))
+    labels = code_labels([(r["script"], r["code"]) for r in by_start], ref) if shown else {}
     for g in out:
         first = g["runs"][0]
         g["code_shown"] = first["args"] is not None and len(codes_of[first["script"]]) > 1
+        g["code_note"] = code_note(ref) if g["code_shown"] else None
         if first["args"] is None:
             parent = first["path"].parent
             run_json = parent / "run.json"
@@ -322,16 +504,17 @@ def group_runs(runs: list[dict]) -> list[dict]:
         names = [str(r["path"]) for r in g["runs"]]
         head = first["script"] or (os.path.commonprefix(names).rstrip("-_./") or names[0])
         flags = [f"{k}={differing[k][_fmt(first['args'][k])]}" for k in differing if k in first["args"]]
-        code = [code_label(first["code"], ids)] if g["code_shown"] else []
+        code = [labels[_code_key(first["code"])]] if g["code_shown"] else []
         g["label"] = " ".join([head, *flags, f"[{first['pooler'] or 'pooler not recorded'}]", *code]) \
             + ("" if g["finished"] else " (unfinished)")
     return out
 
 
 def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) -> dict:
-    """{"tasks", "rows": [{"label", "n", "runs", "mean": {task: x}, "std": {task: x or None}}]}:
-    a group's mean over its seeds of each task and of the average, with the sample std (ddof=1)
-    from two seeds on. Every run must hold the same tasks."""
+    """{"tasks", "rows": [{"label", "script", "n", "runs", "mean": {task: x}, "std": {task: x or None}}],
+    "code_note", "noise"}: a group's mean over its seeds of each task and of the average, with the
+    sample std (ddof=1) from two seeds on; the line under the table that says what its code labels
+    are named against (or None); noise_lines. Every run must hold the same tasks."""
     finished, tasks, first = [g for g in groups if g["finished"]], None, None
     for r in (r for g in finished for r in g["runs"]):
         t = result_tasks(r["test"])
@@ -345,16 +528,53 @@ def compare_table(groups: list[dict], baseline: tuple[str, dict] | None = None) 
     tasks = tasks or (result_tasks(baseline[1]) if baseline else list(STS_TASKS))
     rows = []
     if baseline:
-        rows.append({"label": baseline[0], "n": None, "runs": [], "std": {t: None for t in tasks + ["avg"]},
+        rows.append({"label": baseline[0], "script": None, "n": None, "runs": [],
+                     "std": {t: None for t in tasks + ["avg"]},
                      "mean": {**{t: baseline[1][t]["spearman"] for t in tasks}, "avg": baseline[1]["avg"]}})
     for g in finished:
         per_run = np.array([[r["test"][t]["spearman"] for t in tasks] + [r["test"]["avg"]]
                             for r in g["runs"]], dtype=np.float64)            # (n, tasks + 1)
         std = per_run.std(0, ddof=1).tolist() if len(per_run) >= 2 else [None] * per_run.shape[1]
-        rows.append({"label": g["label"], "n": len(per_run), "runs": [r["path"] for r in g["runs"]],
+        rows.append({"label": g["label"], "script": g["runs"][0]["script"], "n": len(per_run),
+                     "runs": [r["path"] for r in g["runs"]],
                      "mean": dict(zip(tasks + ["avg"], per_run.mean(0).tolist())),
                      "std": dict(zip(tasks + ["avg"], std))})
-    return {"tasks": tasks, "rows": rows, "code_note": any(g["code_shown"] for g in finished)}
+    return {"tasks": tasks, "rows": rows, "noise": noise_lines(rows),
+            "code_note": next((g["code_note"] for g in finished if g["code_shown"]), None)}
+
+
+def seed_spread(script: str | None) -> str:
+    """How far apart two seeds of `script` ended on the laptop testbed, and where that is printed."""
+    if script not in SEED_SPREAD:
+        return f"no seed spread was measured for {script or 'this row'}"
+    spread, where = SEED_SPREAD[script]
+    return f"two seeds of {script} ended {spread:.2f} apart on the laptop testbed ({where})"
+
+
+def noise_lines(rows: list[dict]) -> list[str]:
+    """What the table cannot tell from seed noise, one line each: the rows of a single seed (n = 1),
+    and every two rows whose averages differ by less than two seeds of their script ended apart
+    on the laptop testbed (SEED_SPREAD; the larger of two scripts'). Nothing for a table of one row."""
+    if len(rows) < 2:
+        return []
+    lines, one = [], [r for r in rows if r["n"] == 1]
+    if one:
+        scripts = dict.fromkeys(r["script"] for r in one)
+        which = ("every row is" if len(one) == sum(r["n"] is not None for r in rows) else
+                 f"{'; '.join(r['label'] for r in one)} {'is' if len(one) == 1 else 'are each'}")
+        lines.append(f"one seed: {which} one run (n = 1), and one seed cannot tell a difference from seed "
+                     f"noise: " + "; ".join(seed_spread(s) for s in scripts))
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            known = [s for s in dict.fromkeys((a["script"], b["script"])) if s in SEED_SPREAD]
+            if not known:
+                continue
+            script = max(known, key=lambda s: SEED_SPREAD[s][0])
+            diff = b["mean"]["avg"] - a["mean"]["avg"]
+            if abs(diff) < SEED_SPREAD[script][0]:
+                lines.append(f"within seed noise: {b['label']} against {a['label']}: {diff:+.2f} on the "
+                             f"average, less than {seed_spread(script)}")
+    return lines
 
 
 def _cells(table: dict) -> tuple[list[str], list[list[str]]]:
@@ -372,7 +592,8 @@ def format_compare(table: dict) -> str:
     lines = [f"{'run':{lw}s}{'n':>4s}" + "".join(f"{c:>{cw}s}" for c in cols)]
     lines += [f"{r['label']:{lw}s}{'-' if r['n'] is None else r['n']:>4}"
               + "".join(f"{c:>{cw}s}" for c in row) for r, row in zip(table["rows"], cells)]
-    return "\n".join(lines + [NOTE] + ([CODE_NOTE] if table.get("code_note") else []))
+    notes = [NOTE] + ([table["code_note"]] if table.get("code_note") else [])
+    return "\n".join(lines + notes + table.get("noise", []))
 
 
 def format_markdown(table: dict, command: str) -> str:
@@ -382,8 +603,9 @@ def format_markdown(table: dict, command: str) -> str:
     for r, row in zip(table["rows"], cells):
         n = "-" if r["n"] is None else str(r["n"])
         lines.append("| " + " | ".join([r["label"].replace("|", "\\|"), n] + row) + " |")
-    code_note = f" {CODE_NOTE}" if table.get("code_note") else ""
-    return "\n".join(lines) + f"\n\n{NOTE}{code_note} Made with `{command}`.\n"
+    code_note = f" {table['code_note']}" if table.get("code_note") else ""
+    noise = "".join(f"\n- {line}" for line in table.get("noise", []))
+    return "\n".join(lines) + f"\n\n{NOTE}{code_note} Made with `{command}`.\n" + (noise and f"{noise}\n")
 
 
 # What each method's own part acts on, as its script logs it in every training record of
@@ -624,7 +846,7 @@ def main(argv: list[str] | None = None) -> None:
                             "--baseline (run compare again without --code_diff for those).")
         if len(folders) > 2:
             raise UserError(f"--code_diff: {len(folders)} run folders ({', '.join(map(str, folders))}); give "
-                            f"two runs, or one to hold against this checkout.")
+                            f"two runs, or one to hold against the committed code.")
         print(code_diff(*map(Path, folders)))
         return
     # NOTE(ours): a folder of runs stands for those that finished; its unfinished ones (a Ctrl-C'd
