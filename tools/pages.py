@@ -1,16 +1,21 @@
 """`python tools/pages.py`: rebuild docs/pages/, one annotated page per script and an index.
 
-A page reads the way labml's annotated implementations do: the script's docstrings and comment
-blocks as prose on the left, the code they precede on the right (highlighted, with a number and an
-anchor per line, #L123), its banners as headings, and every equation the script names typeset from
-its paper beside the line that computes it (#eq-4), the script's own ASCII form of it still there
-to match the two by. The script stays the primary artifact; the page is made from it.
+A page reads the way labml's annotated implementations do: the script's docstrings and top-level
+comment blocks as prose on the left, the code they precede on the right (highlighted, with a number
+and an anchor per line, #L123), its banners as headings. A function's code stays in one piece: the
+comments inside it are notes in their place in the code column, and every equation the script
+names is typeset from its paper where the comment that states it stands, beside the line that
+computes it (#eq-4), the script's own ASCII form of it one click away (folded in the box), so that
+no formula shows twice. The code column is as wide as a 110-column line at 1280 px; narrower, a
+line wraps under its own indent. docs/*.md are rendered too (doc-<name>.html, markdown-it-py), so
+that a page's "Method page" opens as HTML. The script stays the primary artifact.
 
     npm ci --prefix tools/katex        # once: KaTeX 0.19.1, as tools/katex/package-lock.json pins it
     python tools/pages.py              # rebuild docs/pages/ (seconds)
     python tools/pages.py --check      # build in memory; exit 1 naming each file of docs/pages/ that differs
 
-The typeset forms live in one file, docs/equations.tex, an entry per script and equation. KaTeX
+The typeset forms live in one file, docs/equations.tex, an entry per script and equation (and a
+misprinted equation's corrected form, and the pieces of maths of the prose typeset in place). KaTeX
 turns them into HTML here, at build time (node tools/katex/render.js), so a page runs no script and
 fetches nothing: it opens from a clone, offline, under a Content-Security-Policy that allows only
 its own stylesheets and fonts. Made here: docs/pages/*.html, assets/equations.css (KaTeX's inline
@@ -42,7 +47,7 @@ PAPERS = {"simcse.py": "SimCSE", "focal_infonce.py": "Focal-InfoNCE", "ifcl.py":
 EQUATIONS = "docs/equations.tex"
 OUT = "docs/pages"
 KATEX = ROOT / "tools" / "katex"
-PINS = ROOT / "tools" / "pages-requirements.txt"     # the Python side of the build: Pygments, pinned
+PINS = ROOT / "tools" / "pages-requirements.txt"     # the build's Python side: Pygments, markdown-it-py
 KATEX_VERSION = "0.19.1"
 HANDWRITTEN = ("assets/pages.css",)      # in docs/pages/ but not made here: the build leaves it alone
 CSP = ("default-src 'none'; style-src 'self'; font-src 'self'; img-src 'self'; "
@@ -252,14 +257,19 @@ def katex_ready() -> str | None:
 
 
 def pygments_differs() -> str | None:
-    """None when the installed Pygments is the one tools/pages-requirements.txt pins (a lexer of
-    another release may colour a token otherwise, and the committed pages would read as stale)."""
-    import pygments
+    """None when the installed Pygments and markdown-it-py are the ones tools/pages-requirements.txt
+    pins (a lexer or a renderer of another release may make other bytes, and the committed pages
+    would read as stale)."""
+    from importlib import metadata
 
-    pin = re.search(r"^pygments==(\S+)", PINS.read_text(encoding="utf-8"), re.M | re.I)
-    if pin and pygments.__version__ != pin[1]:
-        return (f"Pygments {pygments.__version__} is installed, the pages are made with {pin[1]}: "
-                f"pip install -r tools/pages-requirements.txt")
+    for name, pin in re.findall(r"^([\w.-]+)==(\S+)", PINS.read_text(encoding="utf-8"), re.M):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = None
+        if version != pin:
+            have = f"{name} {version} is installed" if version else f"{name} is not installed"
+            return f"{have}, the pages are made with {pin}: pip install -r tools/pages-requirements.txt"
     return None
 
 
@@ -921,8 +931,14 @@ def render_code_column(s: Script, code: list[int], tokens: list[list[tuple[str, 
                 if at:
                     items.append(at_html(s, lines[0], boxes_html(at, page)))
                 continue
-            if not at:                      # an equation typeset elsewhere: its ASCII, as in the file
-                items.extend(lines)
+            if not at:                      # an equation typeset elsewhere: a link to it, its ASCII folded
+                m = MENTION.match(s.prose[lines[0]].strip())
+                refs = ", ".join(f'<a class="eqref" href="#eq-{k}">Eq. ({k})</a>'
+                                 for k in mention_numbers(m.group()) if k in page.equations)
+                span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+                summary = f"{refs}, typeset above; the script's ASCII of it here ({span})"
+                items.append(at_html(s, lines[0], f'<details class="ascii again"><summary>{summary}</summary>'
+                                                  f"{render_code(lines, tokens, page, s)}</details>"))
                 continue
             tail = s.prose[lines[0]].split(" NOTE(", 1)
             ascii_code = ascii_details(render_code(lines, tokens, page, s), lines)
@@ -1066,7 +1082,8 @@ def common_anchors(body: str, s: Script) -> str:
     for name, line in sorted(s.names.items(), key=lambda x: x[1]):
         if f'<span id="{name}"></span>' in body:
             continue
-        body = re.sub(f'(<span class="line i\\d" id="L{line}">)', rf'\1<span id="{name}"></span>', body, count=1)
+        body = re.sub(f'(<span class="line i\\d" id="L{line}">)', rf'\1<span id="{name}"></span>', body,
+                      count=1)
     return body
 
 
