@@ -452,10 +452,10 @@ const cut = lines.filter(l => {
   return l.scrollWidth > l.clientWidth + 0.5 || height > one * 1.5;
 }).map(l => l.id);
 const wide = [...document.querySelectorAll('.code')].filter(c => c.scrollWidth > c.clientWidth + 0.5).length;
-const tops = {};
+const tops = {}, columns = [...document.querySelectorAll('.code')];
 for (const l of lines) {
   const r = l.getBoundingClientRect();
-  tops[l.id] = [r.top + scrollY, r.bottom + scrollY];
+  tops[l.id] = [r.top + scrollY, r.bottom + scrollY, columns.indexOf(l.closest('.code'))];
 }
 return {count: lines.length, cut, wide, tops};
 """
@@ -480,19 +480,23 @@ def functions(script: str) -> list[tuple[str, list[int]]]:
 def test_no_code_line_is_cut_or_wrapped_and_no_function_is_split(browser, script, width):
     """At a laptop's width every line of code fits its column on one line (the shape comments at
     its end included), and a function's code reads in one piece: between two consecutive lines of
-    one function there is never more than a screen (900 px) of anything else."""
+    one function there is never more than a screen (900 px) of anything else (its notes and boxes),
+    and never more than 100 px of empty column (two rows' code apart)."""
     name = f"{Path(script).stem}.html"
     open_page(browser, name, width)
     page = browser.js(LINES)
     code_lines = sum(1 for n, kind in pages.read_script(ROOT / script, script).kind.items() if kind == "code")
     assert page["count"] >= code_lines * 0.95, f"{name}: {page['count']} lines shown of {code_lines}"
     assert page["cut"] == [] and page["wide"] == 0, f"{name} at {width} px, cut or wrapped: {page['cut']}"
-    worst = (0.0, "")
+    worst, blank = (0.0, ""), (0.0, "")
     for function, lines in functions(script):
         shown = [page["tops"][f"L{n}"] for n in lines if f"L{n}" in page["tops"]]
-        for (_, bottom), (top, _) in zip(shown, shown[1:]):
+        for (_, bottom, column), (top, _, next_column) in zip(shown, shown[1:]):
             worst = max(worst, (top - bottom, function))
+            if column != next_column:
+                blank = max(blank, (top - bottom, function))
     assert worst[0] < 900, f"{name} at {width} px: {worst[1]} has a gap of {worst[0]:.0f} px in its code"
+    assert blank[0] < 100, f"{name} at {width} px: {blank[1]} is split by {blank[0]:.0f} px of empty column"
 
 
 @pytest.mark.parametrize("name", ["simcse.html", "index.html"])
