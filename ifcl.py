@@ -134,7 +134,7 @@ class Args(common.TrainArgs):
 def fuse(y: torch.Tensor, y_frat: torch.Tensor, eps: float) -> torch.Tensor:
     """Eq. (3): the fraternal input, the sentence's embedding fused with its German twin's,
     position by position: y = BEL_S(x) (N, L, d), y_frat = BEL_F(x^-) (N, L, d)."""
-    # Eq. (3): y_i^- = eps * y_i + (1 - eps) * BEL_F(x_i^-)
+    # Eq. (3), f_theta's input: eps * y_i + (1 - eps) * y_i^-, where y_i^- = BEL_F(x_i^-) (Eq. 2)
     return eps * y + (1 - eps) * y_frat.to(y.dtype)                          # (N, L, d)
 
 
@@ -294,6 +294,7 @@ class IFCL(nn.Module):
             y3 = self.encoder.embeddings(inputs_embeds=w3)                   # (3N, L, d)
         # Algorithm 1, lines 3, 4, 6: emb, emb^+, emb^- each get their own dropout mask z
         emb = F.dropout(y3, self.rho, self.training)                         # (3N, L, d)
+        # Eq. (1): h_i = f_theta(BEL_S(x_i), z_i), h_i^+ = f_theta(BEL_S(x_i), z_i^+); h_i^- by Eq. (3)
         z = self.f_theta(emb, torch.cat([mask, mask, mask_frat]))            # (3N, d)  lines 7-9
         return z, emb, mask, mask_frat
 
@@ -336,9 +337,9 @@ class IFCL(nn.Module):
         p = self.queue_weights(h.shape[0])                                   # (M,)  N = global batch
         l_identical = identical_loss(h, h_pos, self.queue, p, a.tau)         # ()  Eq. (6)
         stats["l_identical"] = l_identical
-        # Eq. (9): L = sum_i (l_i^I + l_i^F + l_i^T), an ablated term left out (--no_fraternal
-        # drops l^F and l^T, --no_twins l^T). NOTE(ours): the batch mean of each term, which only
-        # rescales the learning rate
+        # Eq. (9): L = sum_i (l_i^I + l_i^F + l_i^T)
+        # An ablated term is left out (--no_fraternal drops l^F and l^T, --no_twins l^T).
+        # NOTE(ours): the batch mean of each term, which only rescales the learning rate
         loss = l_identical                                                   # ()
         if h_frat is not None:
             stats["l_fraternal"] = fraternal_loss(h, h_frat, a.tau)          # ()  Eq. (7)

@@ -61,11 +61,11 @@ class Args(common.TrainArgs):
                               "and 0.1 (BERT's own) is its best.")
     fixed_mask: bool = arg(False, "the same dropout mask on both views of a sentence (Tab. 3 'Fixed 0.1'): "
                            "the two views are then one vector", "paper Tab. 3")
-    alpha: float = arg(1.0, "weight alpha of each anchor's own hard negative (Sec. 6.3; the official "
-                       "code's --hard_negative_weight is ln(alpha))", "paper Tab. 7", gt=0,
+    alpha: float = arg(1.0, "weight alpha of each anchor's own hard negative (Eq. 8, Sec. 6.3; the "
+                       "official code's --hard_negative_weight is ln(alpha))", "paper Tab. 7", gt=0,
                        note="A weight on e^{sim/tau}; the paper's Tab. 7 tries 0.5, 1 and 2, and 1 is its "
                             "best.")
-    no_hard_neg: bool = arg(False, "leave out the CSV's hard_neg column: Eq. (4) with the CSV's pairs as "
+    no_hard_neg: bool = arg(False, "leave out the CSV's hard_neg column: Eq. (1) with the CSV's pairs as "
                             "positives (Tab. 7 'N/A'; Tab. 4); set by itself for a CSV without that column",
                             "paper Tab. 7")
 
@@ -88,11 +88,11 @@ class Args(common.TrainArgs):
                                    f"to weight. Drop one of the two.")
 
     def settle(self, data_rows: int) -> None:
-        # a CSV of pairs (no hard_neg column) trains Eq. (4): --no_hard_neg is set, so that
+        # a CSV of pairs (no hard_neg column) trains Eq. (1): --no_hard_neg is set, so that
         # args.json and the paper's rows it selects say what the run trains
         csv = str(self.data).lower().endswith(".csv")
         if csv and not self.no_hard_neg and "hard_neg" not in common.load_columns(self.data):
-            print(f"note: --data {self.data} has no hard_neg column: Eq. (4) with its pairs as positives "
+            print(f"note: --data {self.data} has no hard_neg column: Eq. (1) with its pairs as positives "
                   f"(--no_hard_neg)", file=sys.stderr)
             self.no_hard_neg = True
 
@@ -117,8 +117,8 @@ def simcse_loss(h: torch.Tensor, h_pos: torch.Tensor, tau: float) -> torch.Tenso
 @common.fp32
 def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
                     tau: float, alpha: float = 1.0) -> torch.Tensor:
-    """Supervised SimCSE, Eq. (5), with Sec. 6.3's weight alpha on each anchor's own hard
-    negative h_i^-: the hard negatives h_j^- are extra columns. alpha = 1 is Eq. (5) itself."""
+    """Supervised SimCSE with Sec. 6.3's weight alpha on each anchor's own hard negative h_i^-,
+    Eq. (8): the hard negatives h_j^- are extra columns. alpha = 1 is Eq. (5) itself."""
     h, h_pos, h_neg = (F.normalize(x, dim=-1) for x in (h, h_pos, h_neg))
     n = h.shape[0]
     sim = torch.cat([h @ h_pos.T, h @ h_neg.T], dim=1)                        # (N, 2N)
@@ -127,8 +127,8 @@ def simcse_sup_loss(h: torch.Tensor, h_pos: torch.Tensor, h_neg: torch.Tensor,
     # NOTE(paper vs code): the official code adds its hard_negative_weight there: it is ln(alpha)
     eye = torch.eye(n, dtype=sim.dtype, device=sim.device)                   # (N, N)
     log_w = torch.cat([torch.zeros_like(eye), math.log(alpha) * eye], dim=1)  # (N, 2N)
-    # Sec. 6.3 (Eq. 5 weighted): l_i = -log e^{sim(h_i,h_i^+)/tau}
-    #     / sum_j (e^{sim(h_i,h_j^+)/tau} + alpha^{1_i^j} e^{sim(h_i,h_j^-)/tau})
+    # Eq. (5) / (8): l_i = -log e^{sim(h_i,h_i^+)/tau}
+    #     / sum_j (e^{sim(h_i,h_j^+)/tau} + alpha^{1_i^j} e^{sim(h_i,h_j^-)/tau}); alpha = 1: Eq. (5)
     labels = torch.arange(n, device=h.device)                                 # (N,)
     return F.cross_entropy(sim / tau + log_w, labels)                         # ()
 
@@ -177,7 +177,9 @@ class SimCSE(nn.Module):
         pad_id = self.encoder.config.pad_token_id or 0
         z = self.embed(common.concat_batches(cols, pad_id))                   # (2N or 3N, d)
         h, h_pos = common.gather(z[:n]), common.gather(z[n:2 * n])            # (N, d), (N, d)
-        if len(cols) == 2:  # pairs without hard negatives (--no_hard_neg): Eq. (4) with NLI positives
+        if len(cols) == 2:  # pairs without hard negatives (--no_hard_neg)
+            # Eq. (1): l_i = -log e^{sim(h_i, h_i^+)/tau} / sum_j e^{sim(h_i, h_j^+)/tau}, h_i^+ the pair's
+            # second sentence: the loss of Eq. (4), with NLI pairs instead of two dropout masks
             return simcse_loss(h, h_pos, self.tau)
         return simcse_sup_loss(h, h_pos, common.gather(z[2 * n:]), self.tau, self.alpha)
 

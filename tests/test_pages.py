@@ -37,7 +37,8 @@ from tools import pages
 
 CI = os.environ.get("CI", "").lower() == "true"
 OUT = ROOT / pages.OUT
-PAGE_FILES = [f"{Path(s).stem}.html" for s in pages.SCRIPTS] + ["index.html"]
+DOC_FILES = [f"doc-{p.stem}.html" for p in sorted((ROOT / "docs").glob("*.md"))]   # docs/*.md, rendered
+PAGE_FILES = [f"{Path(s).stem}.html" for s in pages.SCRIPTS] + DOC_FILES + ["index.html"]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
@@ -157,7 +158,7 @@ def test_the_command_says_what_is_wrong_and_exits_1(tmp_path, monkeypatch, capsy
     assert not out and not any((tmp_path / "docs" / "pages").iterdir())
 
 
-def test_an_equation_named_in_code_only_gets_a_row_of_its_own_beside_that_line(tmp_path):
+def test_an_equation_named_in_code_only_is_typeset_in_the_code_just_above_that_line(tmp_path):
     need(pages.katex_ready())
     (tmp_path / "docs").mkdir()
     (tmp_path / "m.py").write_text('import math\nx = dict(help="Eq. (2) weighs it")\ny = math.pi\n')
@@ -166,7 +167,63 @@ def test_an_equation_named_in_code_only_gets_a_row_of_its_own_beside_that_line(t
     rows = re.findall(r'<section class="row">.*?</section>', page)
     row = next((r for r in rows if 'id="eq-2"' in r), None)
     assert row and 'named on <a href="#L2">line 2</a>' in row, page
-    assert '<div class="code"><pre><code><span class="line" id="L2">' in row, row
+    code = row.split('<div class="code">', 1)[1]
+    assert 'id="L1"' in code and 'id="L3"' in code, "the code is split around the box"
+    assert re.search(r'id="eq-2".*</div></div><pre><code><span class="line i0" id="L2">', code), code
+
+
+def test_a_formula_comment_becomes_its_box_with_the_ascii_a_click_away(tmp_path):
+    """The comment `# Eq. (n): ...` inside a function is shown once: typeset, in its place in the
+    code, the script's ASCII folded inside the box; the function's code stays in one block, and
+    a comment among the code is a note in it, not a new row."""
+    need(pages.katex_ready())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "m.py").write_text(
+        "def f(x):\n"                                   # 1
+        "    # scale it first\n"                        # 2
+        "    y = x / 2\n"                               # 3
+        "    # Eq. (3): z = y ^ 2\n"                    # 4
+        "    #     (the square)\n"                      # 5
+        "    return y ** 2\n")                          # 6
+    (tmp_path / "docs" / "equations.tex").write_text("%% m.py Eq. (3)\nz = y^2\n")
+    page = pages.generate(tmp_path, ("m.py",))["m.html"].decode()
+    rows = re.findall(r'<section class="row">.*?</section>', page)
+    assert len(rows) == 1, rows
+    code = rows[0].split('<div class="code">', 1)[1]
+    assert code.index('id="L1"') < code.index('class="note i1" id="L2"') < code.index('id="L3"')
+    box = code[code.index('id="eq-3"'):code.index('id="L6"')]
+    assert '<details class="ascii"><summary>ASCII, as the script writes it (lines 4-5)</summary>' in box, box
+    assert 'id="L4"' in box and 'id="L5"' in box and "katex" in box
+    assert page.count("z = y ^ 2") == 1                 # the ASCII once, folded
+
+
+def test_a_corrected_equation_is_typeset_beside_the_printed_one_and_held_to_the_script(tmp_path):
+    need(pages.katex_ready())
+    (tmp_path / "docs").mkdir()
+    script = tmp_path / "m.py"
+    script.write_text('def f(x):\n    """Eq. (4) is misprinted;\n    it is\n        dy/dx = 2 x\n    """\n'
+                      "    return x * x\n")
+    eqs = tmp_path / "docs" / "equations.tex"
+    eqs.write_text("%% m.py Eq. (4)\ny' = 3x\n%% m.py Eq. (4), corrected\n% ascii: dy/dx = 2 x\ny' = 2x\n")
+    page = pages.generate(tmp_path, ("m.py",))["m.html"].decode()
+    assert page.count('class="eq-side') == 2 and "corrected" in page
+    assert '<summary>ASCII of the corrected <a class="eqref" href="#eq-4">Eq. (4)</a>' in page
+    script.write_text(script.read_text().replace("2 x", "2 * x"))
+    with pytest.raises(pages.BuildError, match=r"Eq. \(4\), corrected: its `% ascii:` form is not in m.py"):
+        pages.generate(tmp_path, ("m.py",))
+
+
+def test_inline_maths_is_typeset_in_the_prose_and_held_to_the_script(tmp_path):
+    need(pages.katex_ready())
+    (tmp_path / "docs").mkdir()
+    script = tmp_path / "m.py"
+    script.write_text("# the weight alpha^{1_i^j} of the negative\nx = 1\n")
+    (tmp_path / "docs" / "equations.tex").write_text("%% m.py inline: alpha^{1_i^j}\n\\alpha^{1_i^j}\n")
+    page = pages.generate(tmp_path, ("m.py",))["m.html"].decode()
+    assert '<span class="im" title="alpha^{1_i^j}"><span class="katex">' in page, page
+    script.write_text("# the weight alpha of the negative\nx = 1\n")
+    with pytest.raises(pages.BuildError, match=r"m.py inline 'alpha\^\{1_i\^j\}': no comment or docstring"):
+        pages.generate(tmp_path, ("m.py",))
 
 
 def test_a_script_without_comment_blocks_still_makes_a_page(tmp_path):
@@ -188,14 +245,15 @@ def test_a_script_without_comment_blocks_still_makes_a_page(tmp_path):
 def test_a_page_fetches_nothing_and_its_links_resolve(name):
     page = (OUT / name).read_text(encoding="utf-8")
     assert f'<meta http-equiv="Content-Security-Policy" content="{pages.CSP}">' in page
-    assert "<script" not in page and not re.search(r"\sstyle=", page) and "<img" not in page
+    assert "<script" not in page and not re.search(r"\sstyle=", page)
+    assert "<img" not in page or name in DOC_FILES      # docs/*.md show their figures, files of the clone
     for ref in re.findall(r'<link rel="stylesheet" href="([^"]+)"', page):
         assert (OUT / ref).is_file(), ref
     ids = re.findall(r' id="([^"]+)"', page)
     assert len(ids) == len(set(ids)), "an id is used twice"
-    for href in re.findall(r'href="([^"]+)"', page):
-        if href.startswith("https://"):
-            assert re.match(r"https://(arxiv\.org/abs/|aclanthology\.org/)", href), href
+    for href in re.findall(r'(?:href|src)="([^"]+)"', page):
+        if href.startswith("https://"):     # a script's page links its paper; docs/*.md link more
+            assert name in DOC_FILES or re.match(r"https://(arxiv\.org/abs/|aclanthology\.org/)", href), href
             continue
         path, _, anchor = href.partition("#")
         target = (OUT / path).resolve() if path else OUT / name
@@ -215,6 +273,15 @@ def test_every_line_of_a_script_has_its_anchor_and_every_equation_its_box(script
     if script != "common.py":
         for name in re.findall(r"\bcommon\.([A-Za-z_]\w*)\(", "\n".join(lines)):
             assert f'href="common.html#{name}"' in page, name
+
+
+def test_a_script_page_links_its_method_page_as_html():
+    for script in pages.PAPERS:
+        stem = Path(script).stem
+        page = (OUT / f"{stem}.html").read_text(encoding="utf-8")
+        assert f'Method page: <a href="doc-{stem}.html">' in page, stem
+        doc = (OUT / f"doc-{stem}.html").read_text(encoding="utf-8")
+        assert "<h1" in doc and f'href="{stem}.html"' in doc and "<table>" in doc, stem
 
 
 def test_readme_and_each_method_page_link_the_pages():
@@ -331,6 +398,7 @@ const eqs = [...document.querySelectorAll('.eq')].map(eq => {
   return {id: eq.id, left: box.left, right: box.right, top: box.top, bottom: box.bottom,
           codeLeft: code.left, codeWidth: code.width, codeTop: code.top, codeBottom: code.bottom,
           typeset: eq.querySelectorAll('.eq-math .katex-display .katex-html').length,
+          corrected: eq.querySelectorAll('.eq-side.fixed .eq-math .katex-display').length,
           height: eq.querySelector('.eq-math').getBoundingClientRect().height};
 });
 return {eqs, errors: document.querySelectorAll('.katex-error').length,
@@ -347,7 +415,8 @@ def test_a_page_in_a_real_browser(browser, shots, name, width):
     loaded = open_page(browser, name, width)
     assert loaded["console"] == [], f"{name} at {width} px logged: {loaded['console']}"
     assert loaded["requests"], "the browser's network log is empty: the check below would see nothing"
-    outside = [u for u in loaded["requests"] if not u.startswith(OUT.as_uri() + "/")]
+    mine = (OUT.parent if name in DOC_FILES else OUT).as_uri() + "/"     # docs/*.md show docs/'s figures
+    outside = [u for u in loaded["requests"] if not u.startswith(mine)]
     assert outside == [], f"{name} asked for what is not a file of docs/pages/: {outside}"
     page = browser.js(MEASURE)
     assert page["innerWidth"] == width
@@ -355,13 +424,13 @@ def test_a_page_in_a_real_browser(browser, shots, name, width):
     expected = len(re.findall(r'<div class="eq" id=', (OUT / name).read_text(encoding="utf-8")))
     assert len(page["eqs"]) == expected
     for eq in page["eqs"]:
-        assert eq["typeset"] == 1 and eq["height"] > 20, eq
+        assert eq["typeset"] == 1 + eq["corrected"] and eq["height"] > 20, eq
     if expected:
         assert {"KaTeX_Main", "KaTeX_Math"} <= set(page["fonts"]), page["fonts"]
     if width >= 1000:
         for eq in page["eqs"]:
             where = f"{name} {eq['id']} at 1280 px: {eq}"
-            assert eq["codeWidth"] > 300 and eq["right"] <= eq["codeLeft"] + 0.5, f"not left of code: {where}"
+            assert eq["codeWidth"] > 300 and eq["right"] <= width, f"cut off: {where}"
             assert eq["top"] < eq["codeBottom"] and eq["bottom"] > eq["codeTop"], f"not beside code: {where}"
     else:
         assert page["scrollWidth"] <= page["width"], f"{name} is {page['scrollWidth']} px wide at {width} px"
@@ -373,6 +442,61 @@ def test_a_page_in_a_real_browser(browser, shots, name, width):
     if page["eqs"]:
         browser.js("document.getElementById(arguments[0]).scrollIntoView()", page["eqs"][0]["id"])
         browser.screenshot(shots / f"{stem}-{width}-{page['eqs'][0]['id']}.png")
+
+
+LINES = """
+const lines = [...document.querySelectorAll('.code .line')]
+  .filter(l => l.offsetParent !== null && !l.closest('details:not([open])'));
+const cut = lines.filter(l => {
+  const height = l.getBoundingClientRect().height, one = parseFloat(getComputedStyle(l).lineHeight);
+  return l.scrollWidth > l.clientWidth + 0.5 || height > one * 1.5;
+}).map(l => l.id);
+const wide = [...document.querySelectorAll('.code')].filter(c => c.scrollWidth > c.clientWidth + 0.5).length;
+const tops = {}, columns = [...document.querySelectorAll('.code')];
+for (const l of lines) {
+  const r = l.getBoundingClientRect();
+  tops[l.id] = [r.top + scrollY, r.bottom + scrollY, columns.indexOf(l.closest('.code'))];
+}
+return {count: lines.length, cut, wide, tops};
+"""
+
+
+def functions(script: str) -> list[tuple[str, list[int]]]:
+    """Each function of a script (methods and nested ones too) and the lines of code in its body."""
+    import ast
+
+    lines = (ROOT / script).read_text(encoding="utf-8").splitlines()
+    s = pages.read_script(ROOT / script, script)
+    out = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            span = range(node.lineno, node.end_lineno + 1)
+            out.append((f"{script}:{node.lineno} {node.name}", [n for n in span if s.kind[n] == "code"]))
+    return out
+
+
+@pytest.mark.parametrize("width", [1280, 1440])
+@pytest.mark.parametrize("script", pages.SCRIPTS)
+def test_no_code_line_is_cut_or_wrapped_and_no_function_is_split(browser, script, width):
+    """At a laptop's width every line of code fits its column on one line (the shape comments at
+    its end included), and a function's code reads in one piece: between two consecutive lines of
+    one function there is never more than a screen (900 px) of anything else (its notes and boxes),
+    and never more than 100 px of empty column (two rows' code apart)."""
+    name = f"{Path(script).stem}.html"
+    open_page(browser, name, width)
+    page = browser.js(LINES)
+    code_lines = sum(1 for n, kind in pages.read_script(ROOT / script, script).kind.items() if kind == "code")
+    assert page["count"] >= code_lines * 0.95, f"{name}: {page['count']} lines shown of {code_lines}"
+    assert page["cut"] == [] and page["wide"] == 0, f"{name} at {width} px, cut or wrapped: {page['cut']}"
+    worst, blank = (0.0, ""), (0.0, "")
+    for function, lines in functions(script):
+        shown = [page["tops"][f"L{n}"] for n in lines if f"L{n}" in page["tops"]]
+        for (_, bottom, column), (top, _, next_column) in zip(shown, shown[1:]):
+            worst = max(worst, (top - bottom, function))
+            if column != next_column:
+                blank = max(blank, (top - bottom, function))
+    assert worst[0] < 900, f"{name} at {width} px: {worst[1]} has a gap of {worst[0]:.0f} px in its code"
+    assert blank[0] < 100, f"{name} at {width} px: {blank[1]} is split by {blank[0]:.0f} px of empty column"
 
 
 @pytest.mark.parametrize("name", ["simcse.html", "index.html"])

@@ -1,16 +1,21 @@
 """`python tools/pages.py`: rebuild docs/pages/, one annotated page per script and an index.
 
-A page reads the way labml's annotated implementations do: the script's docstrings and comment
-blocks as prose on the left, the code they precede on the right (highlighted, with a number and an
-anchor per line, #L123), its banners as headings, and every equation the script names typeset from
-its paper beside the line that computes it (#eq-4), the script's own ASCII form of it still there
-to match the two by. The script stays the primary artifact; the page is made from it.
+A page reads the way labml's annotated implementations do: the script's docstrings and top-level
+comment blocks as prose on the left, the code they precede on the right (highlighted, with a number
+and an anchor per line, #L123), its banners as headings. A function's code stays in one piece: the
+comments inside it are notes in their place in the code column, and every equation the script
+names is typeset from its paper where the comment that states it stands, beside the line that
+computes it (#eq-4), the script's own ASCII form of it one click away (folded in the box), so that
+no formula shows twice. The code column is as wide as a 110-column line at 1280 px; narrower, a
+line wraps under its own indent. docs/*.md are rendered too (doc-<name>.html, markdown-it-py), so
+that a page's "Method page" opens as HTML. The script stays the primary artifact.
 
     npm ci --prefix tools/katex        # once: KaTeX 0.19.1, as tools/katex/package-lock.json pins it
     python tools/pages.py              # rebuild docs/pages/ (seconds)
     python tools/pages.py --check      # build in memory; exit 1 naming each file of docs/pages/ that differs
 
-The typeset forms live in one file, docs/equations.tex, an entry per script and equation. KaTeX
+The typeset forms live in one file, docs/equations.tex, an entry per script and equation (and a
+misprinted equation's corrected form, and the pieces of maths of the prose typeset in place). KaTeX
 turns them into HTML here, at build time (node tools/katex/render.js), so a page runs no script and
 fetches nothing: it opens from a clone, offline, under a Content-Security-Policy that allows only
 its own stylesheets and fonts. Made here: docs/pages/*.html, assets/equations.css (KaTeX's inline
@@ -42,7 +47,7 @@ PAPERS = {"simcse.py": "SimCSE", "focal_infonce.py": "Focal-InfoNCE", "ifcl.py":
 EQUATIONS = "docs/equations.tex"
 OUT = "docs/pages"
 KATEX = ROOT / "tools" / "katex"
-PINS = ROOT / "tools" / "pages-requirements.txt"     # the Python side of the build: Pygments, pinned
+PINS = ROOT / "tools" / "pages-requirements.txt"     # the build's Python side: Pygments, markdown-it-py
 KATEX_VERSION = "0.19.1"
 HANDWRITTEN = ("assets/pages.css",)      # in docs/pages/ but not made here: the build leaves it alone
 CSP = ("default-src 'none'; style-src 'self'; font-src 'self'; img-src 'self'; "
@@ -87,10 +92,14 @@ def named_equations(text: str) -> dict[int, list[int]]:
 
 
 # --------------------------------------------------------------------------------------
-# docs/equations.tex: `%% script.py Eq. (n)` headers, each followed by its LaTeX
+# docs/equations.tex: `%% script.py Eq. (n)` headers, each followed by its LaTeX; also
+# `%% script.py Eq. (n), corrected` (a misprinted equation's corrected form, typeset beside the
+# paper's) and `%% script.py inline: <ASCII>` (a piece of maths of the script's prose, typeset
+# wherever that ASCII stands in a comment or docstring)
 # --------------------------------------------------------------------------------------
 
-HEADER = re.compile(r"%%\s*(?P<script>[\w.-]+\.py)\s+Eq\.\s*\((?P<n>\d+)\)\s*$")
+HEADER = re.compile(r"%%\s*(?P<script>[\w.-]+\.py)\s+(?:Eq\.\s*\((?P<n>\d+)\)(?P<fix>,\s*corrected)?"
+                    r"|inline:\s(?P<ascii>.*\S))\s*$")
 
 
 @dataclass
@@ -102,37 +111,72 @@ class Equation:
     note: str = ""
     html: str = ""                 # KaTeX's HTML
     note_html: str = ""
+    ascii: str = ""                # a corrected form: the script's ASCII of it (`% ascii: ...`)
+    corrected: Equation | None = None    # the paper's entry: its corrected form, if it has one
 
 
-def read_equations(path: Path) -> dict[tuple[str, int], Equation]:
-    """Every entry of the equations file, keyed by (script, number)."""
+@dataclass
+class Inline:
+    """A piece of a script's prose typeset in place: where the script's comments or docstrings say
+    `ascii`, the page shows `tex` typeset (the ASCII one hover away, as its title)."""
+    script: str
+    ascii: str
+    line: int
+    tex: str = ""
+    html: str = ""
+
+
+def read_entries(path: Path) -> tuple[dict[tuple[str, int], Equation], list[Inline]]:
+    """Every entry of the equations file: the equations keyed by (script, number), each with its
+    corrected form attached; the inline pieces."""
     equations: dict[tuple[str, int], Equation] = {}
-    current: Equation | None = None
+    fixes: dict[tuple[str, int], Equation] = {}
+    inlines: list[Inline] = []
+    current: Equation | Inline | None = None
     lines: list[str] = []
+
+    def name(e: Equation | Inline) -> str:
+        if isinstance(e, Inline):
+            return f"{e.script} inline {e.ascii!r}"
+        return f"{e.script} Eq. ({e.number})" + (", corrected" if e in fixes.values() else "")
 
     def finish() -> None:
         if current is not None:
             current.tex = "\n".join(lines).strip()
             if not current.tex:
-                raise BuildError(f"{path.name}:{current.line}: {current.script} Eq. ({current.number}) "
-                                 f"has a header but no LaTeX under it")
+                raise BuildError(f"{path.name}:{current.line}: {name(current)} has a header but no LaTeX "
+                                 f"under it")
 
     for k, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         header = HEADER.match(line)
         if header:
             finish()
+            lines = []
+            if header["ascii"]:
+                current = Inline(header["script"], header["ascii"], k)
+                if any(i.script == current.script and i.ascii == current.ascii for i in inlines):
+                    raise BuildError(f"{path.name}:{k}: {name(current)} is typeset twice; keep one")
+                inlines.append(current)
+                continue
             key = (header["script"], int(header["n"]))
-            if key in equations:
-                raise BuildError(f"{path.name}:{k}: {key[0]} Eq. ({key[1]}) is typeset twice (first on line "
-                                 f"{equations[key].line}); keep one")
-            current, lines = Equation(key[0], key[1], k), []
-            equations[key] = current
+            table = fixes if header["fix"] else equations
+            if key in table:
+                raise BuildError(f"{path.name}:{k}: {key[0]} Eq. ({key[1]}){header['fix'] or ''} is typeset "
+                                 f"twice (first on line {table[key].line}); keep one")
+            current = Equation(key[0], key[1], k)
+            table[key] = current
         elif line.startswith("%%"):
-            raise BuildError(f"{path.name}:{k}: {line!r}: a header reads `%% script.py Eq. (n)`")
-        elif line.lstrip().startswith("% note:"):
-            if current is None:
-                raise BuildError(f"{path.name}:{k}: a note before the first `%% script.py Eq. (n)` header")
-            current.note = (current.note + " " + line.split("% note:", 1)[1].strip()).strip()
+            raise BuildError(f"{path.name}:{k}: {line!r}: a header reads `%% script.py Eq. (n)`, "
+                             f"`%% script.py Eq. (n), corrected` or `%% script.py inline: <ASCII>`")
+        elif line.lstrip().startswith(("% note:", "% ascii:")):
+            field_name = "note" if line.lstrip().startswith("% note:") else "ascii"
+            if not isinstance(current, Equation):
+                raise BuildError(f"{path.name}:{k}: a `% {field_name}:` line belongs under an equation's "
+                                 f"header")
+            if field_name == "ascii" and current not in fixes.values():
+                raise BuildError(f"{path.name}:{k}: a `% ascii:` line belongs under a `, corrected` header")
+            text = line.split(f"% {field_name}:", 1)[1].strip()
+            setattr(current, field_name, (getattr(current, field_name) + " " + text).strip())
         elif line.lstrip().startswith("%") or not line.strip():
             continue
         elif current is None:
@@ -140,7 +184,24 @@ def read_equations(path: Path) -> dict[tuple[str, int], Equation]:
         else:
             lines.append(line)
     finish()
-    return equations
+    for key, fix in sorted(fixes.items()):
+        if key not in equations:
+            raise BuildError(f"{path.name}:{fix.line}: {key[0]} Eq. ({key[1]}), corrected, but there is no "
+                             f"`%% {key[0]} Eq. ({key[1]})` entry, the paper's form, to set it beside")
+        if not fix.ascii:
+            raise BuildError(f"{path.name}:{fix.line}: {key[0]} Eq. ({key[1]}), corrected, needs a "
+                             f"`% ascii:` line: the script's own ASCII of the corrected form")
+        equations[key].corrected = fix
+    return equations, inlines
+
+
+def read_equations(path: Path) -> dict[tuple[str, int], Equation]:
+    """Every equation of the equations file, keyed by (script, number)."""
+    return read_entries(path)[0]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 def coverage(root: Path, scripts: tuple[str, ...], equations: dict[tuple[str, int], Equation]) -> list[str]:
@@ -156,6 +217,25 @@ def coverage(root: Path, scripts: tuple[str, ...], equations: dict[tuple[str, in
         if (script, n) not in named:
             wrong.append(f"{EQUATIONS}:{eq.line}: {script} Eq. ({n}) is typeset, but {script} names no "
                          f"Eq. ({n}) (remove the entry, or check the number)")
+        fix = eq.corrected
+        if fix and script in scripts and flat(fix.ascii) not in flat((root / script).read_text("utf-8")):
+            wrong.append(f"{EQUATIONS}:{fix.line}: {script} Eq. ({n}), corrected: its `% ascii:` form is not "
+                         f"in {script} (the script's erratum and the typeset correction must say the same)")
+    return wrong
+
+
+def inline_coverage(root: Path, scripts: tuple[str, ...], inlines: list[Inline]) -> list[str]:
+    """An inline piece whose ASCII its script's prose no longer holds (it would typeset nothing)."""
+    wrong = []
+    for piece in inlines:
+        if piece.script not in scripts:
+            continue
+        s = read_script(root / piece.script, piece.script)
+        prose = flat(" ".join(t for t in s.prose.values() if t))
+        if flat(piece.ascii) not in prose:
+            wrong.append(f"{EQUATIONS}:{piece.line}: {piece.script} inline {piece.ascii!r}: no comment or "
+                         f"docstring of {piece.script} says it (remove the entry, or write it as the "
+                         f"script does)")
     return wrong
 
 
@@ -177,14 +257,19 @@ def katex_ready() -> str | None:
 
 
 def pygments_differs() -> str | None:
-    """None when the installed Pygments is the one tools/pages-requirements.txt pins (a lexer of
-    another release may colour a token otherwise, and the committed pages would read as stale)."""
-    import pygments
+    """None when the installed Pygments and markdown-it-py are the ones tools/pages-requirements.txt
+    pins (a lexer or a renderer of another release may make other bytes, and the committed pages
+    would read as stale)."""
+    from importlib import metadata
 
-    pin = re.search(r"^pygments==(\S+)", PINS.read_text(encoding="utf-8"), re.M | re.I)
-    if pin and pygments.__version__ != pin[1]:
-        return (f"Pygments {pygments.__version__} is installed, the pages are made with {pin[1]}: "
-                f"pip install -r tools/pages-requirements.txt")
+    for name, pin in re.findall(r"^([\w.-]+)==(\S+)", PINS.read_text(encoding="utf-8"), re.M):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = None
+        if version != pin:
+            have = f"{name} {version} is installed" if version else f"{name} is not installed"
+            return f"{have}, the pages are made with {pin}: pip install -r tools/pages-requirements.txt"
     return None
 
 
@@ -199,17 +284,30 @@ def run_katex(items: list[dict]) -> dict[str, dict]:
     return {r["key"]: r for r in json.loads(done.stdout)["results"]}
 
 
-def typeset(equations: dict[tuple[str, int], Equation], equations_name: str) -> None:
-    """Fill each equation's html and note_html, or fail naming every formula KaTeX refused."""
+def typeset(equations: dict[tuple[str, int], Equation], equations_name: str,
+            inlines: list[Inline] = ()) -> None:
+    """Fill each equation's html and note_html (and its corrected form's, and each inline piece's
+    html), or fail naming every formula KaTeX refused."""
     items = []
     for (script, n), eq in sorted(equations.items()):
         items.append({"key": f"{script} {n}", "tex": eq.tex, "display": True})
+        if eq.corrected:
+            items.append({"key": f"{script} {n} corrected", "tex": eq.corrected.tex, "display": True})
         for k, piece in enumerate(eq.note.split("$")[1::2]):
             items.append({"key": f"{script} {n} note {k}", "tex": piece, "display": False})
+    for k, piece in enumerate(inlines):
+        items.append({"key": f"inline {k}", "tex": piece.tex, "display": False})
     if not items:
         return
     results = run_katex(items)
     errors = []
+    for k, piece in enumerate(inlines):
+        result = results[f"inline {k}"]
+        if "error" in result:
+            errors.append(f"{equations_name}:{piece.line}: {piece.script} inline {piece.ascii!r}: "
+                          f"{result['error']}")
+        else:
+            piece.html = result["html"]
     for (script, n), eq in sorted(equations.items()):
         where = f"{equations_name}:{eq.line}: {script} Eq. ({n})"
         result = results[f"{script} {n}"]
@@ -217,6 +315,13 @@ def typeset(equations: dict[tuple[str, int], Equation], equations_name: str) -> 
             errors.append(f"{where}: {result['error']}")
         else:
             eq.html = result["html"]
+        if eq.corrected:
+            result = results[f"{script} {n} corrected"]
+            if "error" in result:
+                errors.append(f"{equations_name}:{eq.corrected.line}: {script} Eq. ({n}), corrected: "
+                              f"{result['error']}")
+            else:
+                eq.corrected.html = result["html"]
         pieces = eq.note.split("$")
         if len(pieces) % 2 == 0:
             errors.append(f"{where}, its note: an unclosed $")
@@ -401,7 +506,19 @@ class Section:
         return bool(self.code)      # a blank line joins the code only after a line of code
 
 
-def sections_of(s: Script, extra_breaks: set[int]) -> list[Section]:
+def inner_note(s: Script, n: int, breaks: set[int]) -> bool:
+    """Whether the comment on line n is a note inside the code it stands in (an indented comment
+    after code), shown in the code column so that a function's code stays in one piece; not when
+    the comment block leads into a method or a nested function of its own (then it is its prose)."""
+    if not s.lines[n - 1][:1].isspace():
+        return False
+    m = n
+    while m <= len(s.lines) and s.kind[m] in ("comment", "blank"):
+        m += 1
+    return m not in breaks
+
+
+def sections_of(s: Script, extra_breaks: set[int] = frozenset()) -> list[Section]:
     breaks = s.breaks | extra_breaks
     sections: list[Section] = []
     cur = Section()
@@ -433,6 +550,10 @@ def sections_of(s: Script, extra_breaks: set[int]) -> list[Section]:
             gap = False
             continue
         if kind == "comment":
+            if cur.has_code() and inner_note(s, n, breaks):
+                cur.code.append(n)
+                n += 1
+                continue
             if cur.has_code():
                 close()
             elif gap and cur.prose:
@@ -498,6 +619,11 @@ class Page:
     common_href: str = "common.html"
     scripts: tuple[str, ...] = ()
     root: Path = ROOT
+    inlines: list[Inline] = field(default_factory=list)      # this script's inline maths
+    docs: set[str] = field(default_factory=set)               # docs/X.md rendered as doc-X.html
+    paper: str = ""
+    rules: dict[str, str] = field(default_factory=dict)      # KaTeX's styles as classes
+    fixes: dict[str, int] = field(default_factory=dict)      # a corrected form's ASCII -> its number
 
 
 INLINE = re.compile(
@@ -527,10 +653,24 @@ def eq_links(mention: str, page: Page) -> str:
 
 
 def inline_text(text: str, page: Page | None = None) -> str:
-    """Escaped text with `code`, equation mentions, common.X, script names and repository paths
-    turned into markup and links."""
+    """Escaped text with its inline maths typeset (docs/equations.tex's `inline:` entries), and
+    `code`, equation mentions, common.X, script names and repository paths turned into markup and
+    links."""
     if page is None:
         return html.escape(text)
+    if page.inlines:
+        pattern = "|".join(r"\s+".join(map(re.escape, i.ascii.split()))
+                           for i in sorted(page.inlines, key=lambda i: -len(i.ascii)))
+        pieces = re.split(f"({pattern})", text)
+        if len(pieces) > 1:
+            by_ascii = {flat(i.ascii): i for i in page.inlines}
+            return "".join(
+                (f'<span class="im" title="{html.escape(flat(piece))}">{by_ascii[flat(piece)].html}</span>'
+                 if k % 2 else links_text(piece, page)) for k, piece in enumerate(pieces))
+    return links_text(text, page)
+
+
+def links_text(text: str, page: Page) -> str:
     out, last = [], 0
     for m in INLINE.finditer(text):
         out.append(html.escape(text[last:m.start()]))
@@ -546,6 +686,8 @@ def inline_text(text: str, page: Page | None = None) -> str:
             out.append(f'<a href="{page.common_href}#{m["name"]}">{html.escape(whole)}</a>')
         elif m["path"] and (page.root / whole).exists():
             href = "../" + whole[len("docs/"):] if whole.startswith("docs/") else "../../" + whole
+            if whole.startswith("docs/") and whole.endswith(".md") and Path(whole).stem in page.docs:
+                href = f"doc-{Path(whole).stem}.html"
             out.append(f'<a href="{html.escape(href)}">{html.escape(whole)}</a>')
         else:
             out.append(html.escape(whole))
@@ -597,22 +739,42 @@ def anchor_spans(lines: list[int]) -> str:
     return "".join(f'<span id="L{n}"></span>' for n in lines)
 
 
-def eq_box(eq: Equation, where: int | None, paper: str) -> str:
+def eq_box(eq: Equation, where: int | None, page: Page, ascii_html: str = "") -> str:
+    """An equation's box: its label, the formula typeset from the paper (its corrected form beside
+    it, where the script has an erratum), its note, and the script's ASCII form one click away."""
     named = (f' <span class="eq-where">named on <a href="#L{where}">line {where}</a></span>'
              if where is not None else "")
     note = f'<p class="eq-note">{eq.note_html}</p>' if eq.note_html else ""
-    label = f"{paper}, Eq. ({eq.number})" if paper else f"Eq. ({eq.number})"
-    return (f'<div class="eq" id="eq-{eq.number}"><p class="eq-label"><a href="#eq-{eq.number}">'
-            f"{html.escape(label)}</a>{named}</p>"
-            f'<div class="eq-math">{eq.html}</div>{note}</div>')
+    label = f"{page.paper}, Eq. ({eq.number})" if page.paper else f"Eq. ({eq.number})"
+    math = f'<div class="eq-math">{eq.html}</div>'
+    if eq.corrected:
+        math = ('<div class="eq-pair"><div class="eq-side"><p class="eq-tag">as printed</p>'
+                f'{math}</div><div class="eq-side fixed"><p class="eq-tag">corrected (the script\'s '
+                f'erratum)</p><div class="eq-math">{eq.corrected.html}</div></div></div>')
+    box = (f'<div class="eq" id="eq-{eq.number}"><p class="eq-label"><a href="#eq-{eq.number}">'
+           f"{html.escape(label)}</a>{named}</p>{math}{note}{ascii_html}</div>")
+    return styles_to_classes(box, page.rules)
 
 
-def render_prose(items: list[tuple[int, str | None]], boxes: dict[int, list[str]], page: Page,
+def ascii_details(inner: str, lines: list[int]) -> str:
+    span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+    return (f'<details class="ascii"><summary>ASCII, as the script writes it ({span})</summary>'
+            f"{inner}</details>")
+
+
+def boxes_html(eqs: list[tuple[Equation, int | None]], page: Page, ascii_html: str = "") -> str:
+    """The boxes of the equations typeset at one place; the ASCII they stand for inside the last."""
+    return "".join(eq_box(eq, where, page, ascii_html if k == len(eqs) - 1 else "")
+                   for k, (eq, where) in enumerate(eqs))
+
+
+def render_prose(items: list[tuple[int, str | None]], boxes: dict[int, list], page: Page,
                  comments: set[int]) -> str:
     out = []
     list_open = False
     for kind, lines in prose_blocks(items, comments):
         ids = anchor_spans([n for n, _ in lines])
+        at = [b for n, _ in lines for b in boxes.pop(n, [])]
         if kind == "li" and not list_open:
             out.append("<ul>")
             list_open = True
@@ -624,15 +786,27 @@ def render_prose(items: list[tuple[int, str | None]], boxes: dict[int, list[str]
         elif kind == "pre":
             base = min(len(t) - len(t.lstrip()) for _, t in lines)
             body = "\n".join(inline_text(t[base:], page) for _, t in lines)
-            out.append(f"<pre>{ids}{body}</pre>")
+            text = flat(" ".join(t for _, t in lines)).rstrip(".")
+            fix = page.fixes.get(text)
+            if fix is not None:         # a corrected form typeset in its box: its ASCII a click away
+                out.append(f'<details class="ascii">{ids}<summary>ASCII of the corrected '
+                           f'<a class="eqref" href="#eq-{fix}">Eq. ({fix})</a>, typeset in its box</summary>'
+                           f"<pre>{html.escape(chr(10).join(t[base:] for _, t in lines))}</pre></details>")
+            else:
+                out.append(f"<pre>{ids}{body}</pre>")
         elif kind == "formula":
             first, rest = lines[0][1], [t for _, t in lines[1:]]
             body = "\n".join([inline_text(first, page)] + [inline_text(t.rstrip(), page) for t in rest])
-            out.append(f'<p class="formula">{ids}{body}</p>')
+            if at:
+                out.append(boxes_html(at, page, ascii_details(f'<p class="formula">{ids}{body}</p>',
+                                                              [n for n, _ in lines])))
+                at = []
+            else:
+                out.append(f'<p class="formula">{ids}{body}</p>')
         else:
             out.append(f"<p>{ids}{inline_text(' '.join(t for _, t in lines), page)}</p>")
-        for n, _ in lines:
-            out.extend(boxes.pop(n, []))
+        if at:
+            out.append(boxes_html(at, page))
     if list_open:
         out.append("</ul>")
     return "\n".join(out)
@@ -679,12 +853,108 @@ def render_code_line(pieces: list[tuple[str, str]], page: Page, imports_common: 
     return "".join(out)
 
 
+def indent_class(line: str) -> str:
+    """A line's indent, in steps of 4 columns (at most 8): its wrapped part, on a narrow screen,
+    hangs 4 columns deeper than the line itself."""
+    return f"i{min((len(line) - len(line.lstrip())) // 4, 8)}"
+
+
 def render_code(lines: list[int], tokens: list[list[tuple[str, str]]], page: Page, s: Script) -> str:
     rows = []
     for n in lines:
         body = render_code_line(tokens[n - 1], page, n in s.imports_common)
-        rows.append(f'<span class="line" id="L{n}"><a class="ln" href="#L{n}">{n}</a>{body}</span>')
+        rows.append(f'<span class="line {indent_class(s.lines[n - 1])}" id="L{n}"><a class="ln" '
+                    f'href="#L{n}">{n}</a>{body}</span>')
     return "<pre><code>" + "".join(rows) + "</code></pre>"
+
+
+def note_groups(s: Script, block: list[int]) -> list[tuple[str, list[int]]]:
+    """A comment block inside code as ('formula' | 'note', lines): a formula is a comment that opens
+    with an equation and a colon (`# Eq. (4): l_i = ...`) and the lines that continue it indented;
+    a note is the prose around, a NOTE( starting a new one."""
+    groups: list[tuple[str, list[int]]] = []
+    for n in block:
+        text = s.prose[n]
+        body = text.strip()
+        if FORMULA.match(body):
+            groups.append(("formula", [n]))
+        elif groups and groups[-1][0] == "formula" and text[:1].isspace():
+            groups[-1][1].append(n)
+        elif not groups or groups[-1][0] == "formula" or body.startswith("NOTE(") or not body:
+            groups.append(("note", [n]))
+        else:
+            groups[-1][1].append(n)
+    return groups
+
+
+def note_html(s: Script, lines: list[int], page: Page, text: str | None = None) -> str:
+    """Comment lines shown as prose inside the code column, at their code's indent, numbered (a
+    given `text`: the rest of a line whose anchor and number stand elsewhere)."""
+    first = lines[0]
+    indent = indent_class(s.lines[first - 1])
+    number = (f' id="L{first}"><a class="ln" href="#L{first}">{first}</a>' if text is None
+              else '><span class="ln"></span>')
+    if text is None and any(s.prose[n][:1].isspace() for n in lines[1:]):   # laid out: keep it so
+        body = "<br>".join(inline_text(s.prose[n], page) for n in lines)
+        return f'<div class="note pre {indent}"{number}<p>{anchor_spans(lines[1:])}{body}</p></div>'
+    text = " ".join(s.prose[n].strip() for n in lines) if text is None else text
+    body = inline_text(text, page)
+    return f'<div class="note {indent}"{number}<p>{anchor_spans(lines[1:])}{body}</p></div>'
+
+
+def at_html(s: Script, line: int, boxes: str) -> str:
+    return f'<div class="at {indent_class(s.lines[line - 1])}">{boxes}</div>'
+
+
+def render_code_column(s: Script, code: list[int], tokens: list[list[tuple[str, str]]], page: Page,
+                       boxes: dict[int, list]) -> str:
+    """A section's code in one piece: its lines, the comments among them as notes in their place,
+    and each equation's box in the place of the comment that states it (its ASCII a click away)."""
+    items: list[int | str] = []             # a line of code to print, or a piece of HTML
+    k = 0
+    while k < len(code):
+        n = code[k]
+        if s.kind[n] != "comment":
+            if n in boxes:                  # an equation named only in this line of code
+                items.append(at_html(s, n, boxes_html(boxes.pop(n), page)))
+            items.append(n)
+            k += 1
+            continue
+        block = []
+        while k < len(code) and s.kind[code[k]] == "comment":
+            block.append(code[k])
+            k += 1
+        for kind, lines in note_groups(s, block):
+            at = [b for m in lines for b in boxes.pop(m, [])]
+            if kind == "note":
+                items.append(note_html(s, lines, page))
+                if at:
+                    items.append(at_html(s, lines[0], boxes_html(at, page)))
+                continue
+            if not at:                      # an equation typeset elsewhere: a link to it, its ASCII folded
+                m = MENTION.match(s.prose[lines[0]].strip())
+                refs = ", ".join(f'<a class="eqref" href="#eq-{k}">Eq. ({k})</a>'
+                                 for k in mention_numbers(m.group()) if k in page.equations)
+                span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+                summary = f"{refs}, typeset above; the script's ASCII of it here ({span})"
+                items.append(at_html(s, lines[0], f'<details class="ascii again"><summary>{summary}</summary>'
+                                                  f"{render_code(lines, tokens, page, s)}</details>"))
+                continue
+            tail = s.prose[lines[0]].split(" NOTE(", 1)
+            ascii_code = ascii_details(render_code(lines, tokens, page, s), lines)
+            items.append(at_html(s, lines[0], boxes_html(at, page, ascii_code)))
+            if len(tail) == 2:              # a NOTE on the formula's line is shown, not folded away
+                items.append(note_html(s, [lines[0]], page, "NOTE(" + tail[1]))
+    out, run = [], []
+    for item in items + [""]:
+        if isinstance(item, int):
+            run.append(item)
+            continue
+        if run:
+            out.append(render_code(run, tokens, page, s))
+            run = []
+        out.append(item)
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------------------
@@ -727,22 +997,20 @@ def head(title: str) -> str:
             "</head>\n")
 
 
-def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Path,
-                rules: dict[str, str]) -> str:
+def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Path) -> str:
     numbers = sorted(equations)
     where = anchors(s, numbers)
     code_anchors = {line for line in where.values() if s.kind.get(line) == "code"}
-    sections = sections_of(s, code_anchors)
+    sections = sections_of(s)
     tokens = token_lines("\n".join(s.lines) + "\n")
-    paper = PAPERS.get(s.name, "")
-    boxes: dict[int, list[str]] = {}
+    paper = page.paper
+    boxes: dict[int, list[tuple[Equation, int | None]]] = {}
     for number in numbers:
         line = where[number]
-        eq = equations[number]
-        eq_html = styles_to_classes(eq_box(eq, line if line in code_anchors else None, paper), rules)
-        boxes.setdefault(line, []).append(eq_html)
+        boxes.setdefault(line, []).append((equations[number], line if line in code_anchors else None))
     taken: set[str] = set()
     body, contents = [], []
+    comments = {n for n, k in s.kind.items() if k == "comment"}
     for sec in sections:
         if sec.heading_lines:
             ident = slug(sec.heading or "section", taken)
@@ -756,15 +1024,22 @@ def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Pat
             sec.quiet.append(code.pop())
         while code and s.kind[code[0]] == "blank":
             sec.quiet.append(code.pop(0))
+        module_doc = [(n, t) for n, t in sec.prose if n in s.module_doc]
+        if module_doc:                 # the module's docstring: the width of the page, its commands whole
+            quiet = anchor_spans(sorted(n for n in sec.quiet if n in s.module_doc))
+            body.append(f'<section class="row wide"><div class="prose">'
+                        f"{render_prose(module_doc, boxes, page, comments)}{quiet}</div></section>")
+            sec.prose = [(n, t) for n, t in sec.prose if n not in s.module_doc]
+            sec.quiet = [n for n in sec.quiet if n not in s.module_doc]
+            if not (sec.prose or code or sec.quiet):
+                continue
         starts = sorted(name for name, line in s.names.items() if [line] == code[:1])
         ids = "".join(f'<span id="{name}"></span>' for name in starts if s.name == "common.py")
-        prose = render_prose(sec.prose, boxes, page, {n for n, k in s.kind.items() if k == "comment"})
-        at_code = [b for n in code for b in boxes.pop(n, []) if n == code[0]]
+        prose = render_prose(sec.prose, boxes, page, comments)
         quiet = anchor_spans(sorted(set(sec.quiet)))
-        code_html = render_code(code, tokens, page, s) if code else ""
-        body.append(f'<section class="row"><div class="prose">{ids}{prose}{"".join(at_code)}{quiet}</div>'
+        code_html = render_code_column(s, code, tokens, page, boxes) if code else ""
+        body.append(f'<section class="row"><div class="prose">{ids}{prose}{quiet}</div>'
                     f'<div class="code">{code_html}</div></section>')
-        # names of common.py bound inside a section, not at its first line: an anchor on their line
     if boxes:
         lost = ", ".join(str(n) for n in sorted(boxes))
         raise BuildError(f"{s.name}: the equations to be typeset on lines {lost} found no place on the page")
@@ -779,8 +1054,8 @@ def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Pat
     links = []
     if label:
         links.append(f'<li>Paper: <a href="{label[1]}">{html.escape(label[0])}</a></li>')
-    if (root / "docs" / f"{stem}.md").is_file():
-        links.append(f'<li>Method page: <a href="../{stem}.md">docs/{stem}.md</a></li>')
+    if stem in page.docs:
+        links.append(f'<li>Method page: <a href="doc-{stem}.html">docs/{stem}.md</a></li>')
     links.append(f'<li>Source: <a href="../../{s.name}">{s.name}</a></li>')
     toc = "".join(f'<li><a href="#{i}">{html.escape(t)}</a></li>' for i, t in contents)
     eq_list = " ".join(f'<a href="#eq-{n}">({n})</a>' for n in numbers)
@@ -807,33 +1082,91 @@ def common_anchors(body: str, s: Script) -> str:
     for name, line in sorted(s.names.items(), key=lambda x: x[1]):
         if f'<span id="{name}"></span>' in body:
             continue
-        body = body.replace(f'<span class="line" id="L{line}">',
-                            f'<span class="line" id="L{line}"><span id="{name}"></span>', 1)
+        body = re.sub(f'(<span class="line i\\d" id="L{line}">)', rf'\1<span id="{name}"></span>', body,
+                      count=1)
     return body
 
 
-def index_page(scripts: list[Script], counts: dict[str, int]) -> str:
+def index_page(scripts: list[Script], counts: dict[str, int], docs: list[str] = ()) -> str:
     rows = []
     for s in scripts:
         stem = Path(s.name).stem
         label = paper_link(s.docstring)
         paper = (f'<a href="{label[1]}">{html.escape(label[0])}</a>' if label else "")
         eqs = f"{counts.get(s.name, 0)} equations typeset" if counts.get(s.name) else "no equation"
+        method = f' · <a href="doc-{stem}.html">method page</a>' if stem in docs else ""
         rows.append(f'<li><a class="page" href="{stem}.html">{html.escape(s.name)}</a> '
                     f'<span class="what">{html.escape(title_of(s.docstring))}</span> '
-                    f'<span class="meta">{paper}{" · " if paper else ""}{eqs}</span></li>')
+                    f'<span class="meta">{paper}{" · " if paper else ""}{eqs}{method}</span></li>')
+    others = [d for d in docs if d not in {Path(s.name).stem for s in scripts}]
+    others_links = [f'<a href="doc-{d}.html">{d}.md</a>' for d in others]
     body = (
         '<main class="solo"><h1>Annotated scripts</h1>'
         "<p>One page per script, to read beside its paper: the script's docstrings and comments as "
-        "prose on the left, the code they precede on the right, with a number and a link anchor per "
-        "line (<code>simcse.html#L112</code>). Each equation a script names is typeset from its paper "
-        "beside the line that computes it (<code>simcse.html#eq-4</code>); the script's own ASCII form "
-        "stays beside it, so the page and the file can be matched. The scripts are the source: these "
-        "pages are made from them and from <a href=\"../equations.tex\">docs/equations.tex</a> by "
-        "<code>python tools/pages.py</code>. They open from a clone, offline, and fetch nothing.</p>"
+        "prose on the left, the code on the right in one piece, with a number and a link anchor per "
+        "line (<code>simcse.html#L112</code>); the comments inside a function stand in the code, as "
+        "notes. Each equation a script names is typeset from its paper in the place of the comment "
+        "that states it, beside the line that computes it (<code>simcse.html#eq-4</code>); the "
+        "script's own ASCII form is one click away, so the page and the file can be matched. The "
+        "scripts are the source: these pages are made from them and from "
+        "<a href=\"../equations.tex\">docs/equations.tex</a> by <code>python tools/pages.py</code>. "
+        "They open from a clone, offline, and fetch nothing.</p>"
         f'<ul class="index">{"".join(rows)}</ul>'
-        '<p><a href="../../README.md">README.md</a></p></main>')
+        + (f"<p>The other pages of docs/: {', '.join(others_links)}.</p>" if others else "")
+        + '<p><a href="../../README.md">README.md</a></p></main>')
     return head("Annotated scripts") + "<body>\n" + body + "\n</body>\n</html>\n"
+
+
+# --------------------------------------------------------------------------------------
+# docs/*.md as pages (markdown-it-py, pinned in tools/pages-requirements.txt): their links
+# between themselves and to the annotated pages kept working from docs/pages/
+# --------------------------------------------------------------------------------------
+
+def github_slug(text: str, taken: dict[str, int]) -> str:
+    """A heading's anchor as GitHub makes it (so that `rcl.md#under-ddp-torchrun` holds here too)."""
+    base = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+    k = taken.get(base, 0)
+    taken[base] = k + 1
+    return base if k == 0 else f"{base}-{k}"
+
+
+def doc_href(href: str, docs: set[str]) -> str:
+    """A link of docs/X.md, as it resolves from docs/pages/."""
+    if re.match(r"[a-z]+:|#", href):
+        return href
+    path, hash_, anchor = href.partition("#")
+    if path.startswith("pages/"):
+        return path[len("pages/"):] + hash_ + anchor
+    if "/" not in path and path.endswith(".md") and path[:-3] in docs:
+        return f"doc-{path[:-3]}.html" + hash_ + anchor
+    return "../" + path + hash_ + anchor
+
+
+def doc_page(root: Path, stem: str, docs: set[str]) -> str:
+    """docs/<stem>.md rendered to HTML, offline, with GitHub's heading anchors and tables."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse((root / "docs" / f"{stem}.md").read_text(encoding="utf-8"))
+    taken: dict[str, int] = {}
+    title = stem
+    for k, tok in enumerate(tokens):
+        if tok.type == "heading_open":
+            text = tokens[k + 1].content
+            tok.attrSet("id", github_slug(text, taken))
+            if tok.tag == "h1" and title == stem:
+                title = re.sub(r"[`*]", "", text)
+        for child in [tok] + list(tok.children or []):
+            for attr in ("href", "src"):
+                if child.attrGet(attr):
+                    child.attrSet(attr, doc_href(child.attrGet(attr), docs))
+    body = md.renderer.render(tokens, md.options, {})
+    annotated = (f'<a href="{stem}.html">the annotated {stem}.py</a> · ' if (root / f"{stem}.py").is_file()
+                 else "")
+    crumbs = (f'<p class="crumbs"><a href="index.html">Annotated scripts</a> · {annotated}'
+              f'made from <a href="../{stem}.md">docs/{stem}.md</a></p>')
+    return (head(f"docs/{stem}.md: {title}") + '<body>\n<main class="solo doc">' + crumbs + body
+            + "</main>\n</body>\n</html>\n")
 
 
 # --------------------------------------------------------------------------------------
@@ -846,16 +1179,20 @@ def generate(root: Path | None = None, scripts: tuple[str, ...] | None = None,
     repository's scripts)."""
     root = ROOT if root is None else root
     scripts = SCRIPTS if scripts is None else scripts
-    equations = read_equations(root / equations_file) if (root / equations_file).is_file() else {}
-    wrong = coverage(root, scripts, equations)
+    has_file = (root / equations_file).is_file()
+    equations, inlines = read_entries(root / equations_file) if has_file else ({}, [])
+    wrong = coverage(root, scripts, equations) + inline_coverage(root, scripts, inlines)
     if wrong:
         raise BuildError("the scripts and the equations file disagree:\n" + "\n".join(wrong))
-    typeset(equations, equations_file)
+    typeset(equations, equations_file, inlines)
     read = [read_script(root / name, name) for name in scripts]
     common = next((s for s in read if s.name == "common.py"), None)
+    docs = sorted(p.stem for p in (root / "docs").glob("*.md"))
     page = Page(equations=set(), common=set(common.names) if common else set(), scripts=tuple(scripts),
-                root=root)
-    rules: dict[str, str] = {}
+                root=root, docs=set(docs))
+    rules = page.rules
+    for piece in inlines:
+        piece.html = styles_to_classes(piece.html, rules)
     files: dict[str, bytes] = {}
     counts = {}
     for s in read:
@@ -863,8 +1200,13 @@ def generate(root: Path | None = None, scripts: tuple[str, ...] | None = None,
         counts[s.name] = len(own)
         page.equations = set(own)
         page.common_href = "" if s.name == "common.py" else "common.html"
-        files[f"{Path(s.name).stem}.html"] = script_page(s, own, page, root, rules).encode()
-    files["index.html"] = index_page(read, counts).encode()
+        page.inlines = [i for i in inlines if i.script == s.name]
+        page.paper = PAPERS.get(s.name, "")
+        page.fixes = {flat(eq.corrected.ascii).rstrip("."): n for n, eq in own.items() if eq.corrected}
+        files[f"{Path(s.name).stem}.html"] = script_page(s, own, page, root).encode()
+    for stem in docs:
+        files[f"doc-{stem}.html"] = doc_page(root, stem, set(docs)).encode()
+    files["index.html"] = index_page(read, counts, docs).encode()
     files["assets/equations.css"] = equations_css(rules).encode()
     if equations:
         files.update(katex_assets())
