@@ -607,21 +607,18 @@ def test_a_missing_data_is_named_as_data_not_blamed_on_the_mt_model(tmp_path, pa
     assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
 
 
-def test_the_german_file_is_one_call_and_ifcl_py_stays_short():
+def test_the_german_file_is_one_call():
     """ifcl.py reaches its German file through one call into plumbing/translation.py (the default
     path, the checks, the failure marker, rank 0's translation live there); of that logistics only
-    Eq. (3)'s width check, check_fusable, stays; the script is at most 460 lines, its main short."""
+    Eq. (3)'s width check, check_fusable, stays (its length and main's: tools/check_house.py)."""
     import ast
-    import inspect
     import re
     source = (ROOT / "ifcl.py").read_text(encoding="utf-8")
-    assert len(source.splitlines()) <= 460
     assert re.findall(r"\btranslation\.\w+\(", source) == ["translation.fraternal_file("]
     names = {n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert "check_fusable" in names
     assert not names & {"translate_command", "made_from_data", "check_fraternal_file", "read_fraternal",
                         "check_german_file"}, names
-    assert len(inspect.getsource(ifcl.main).splitlines()) <= 25
     assert callable(translate.translate_command) and callable(translate.fraternal_file)
 
 
