@@ -87,6 +87,33 @@ def need_real(*parts: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------
+# A loss held to its paper: what a student reads when an edit of a loss fails its test
+# ------------------------------------------------------------------------------------
+
+def departs(code: str, equation: str, got, want, reference: str = "the paper's per-row loop") -> str:
+    """The failure message of a test that holds `code` to `equation` of its paper: both figures
+    (for tensors, their largest difference), and that an edit of the loss on purpose fails it."""
+    try:
+        if getattr(got, "numel", lambda: 1)() != 1:
+            gap = float((got.double() - want.double()).abs().max())
+            figures = f"{reference}, largest difference: {gap:.4g}"
+        else:
+            figures = f"{reference}: {float(want):.6g}, the code: {float(got):.6g}"
+    except (RuntimeError, TypeError, ValueError):                   # shapes that do not even match
+        figures = f"{reference}: {want!r}, the code: {got!r}"
+    return (f"{code} departs from {equation} ({figures}): "
+            "if you changed the loss on purpose, this test is expected to fail")
+
+
+def assert_matches_paper(got, want, code: str, equation: str, *, rel: float | None = None,
+                         abs: float | None = None, reference: str = "the paper's per-row loop") -> None:
+    """float(got) == pytest.approx(float(want), rel, abs), or fail naming the paper's equation."""
+    __tracebackhide__ = True
+    assert float(got) == pytest.approx(float(want), rel=rel, abs=abs), departs(code, equation, got, want,
+                                                                               reference)
+
+
+# ------------------------------------------------------------------------------------
 # Synthetic text: deterministic (seeded random.Random, md5 for the pseudo-German), the same in
 # every checkout and every process
 # ------------------------------------------------------------------------------------

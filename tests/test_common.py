@@ -467,70 +467,7 @@ def test_ctrl_c_says_how_to_continue(capsys):
 
 
 # ------------------------------------------------------------------ the house
-
-
-READER_SECTIONS = ["Flags", "Data", "Models", "STS evaluation", "The paper's rows", "Distributed",
-                   "Start-up", "The loop's parts", "The step", "The loop"]
-# what keeps a run safe, which common.py leaves to plumbing/: locks, renames, syncs, saves, hashes, downloads
-PLUMBING_CALLS = re.compile(r"\b(fcntl\.flock|os\.replace|os\.rename|os\.fsync|torch\.save|hashlib\.|"
-                            r"urlopen|shutil\.rmtree|tempfile\.|np\.savez|signal\.signal)\b")
-
-
-def test_common_reads_top_down_for_a_reader():
-    """common.py is the reader's module: at most 1,000 lines, its sections in the order a run
-    meets them, no plumbing of its own (no lock, rename, sync, torch.save, hashing or download:
-    those are imported from plumbing/). The step is one function of at most 30 lines in nanoGPT's
-    order, directly above train(), itself at most 90 lines."""
-    import ast
-    import inspect
-
-    from conftest import ROOT
-    lines = (ROOT / "common.py").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 1000, len(lines)
-    titles = [line[2:] for above, line, below in zip(lines, lines[1:], lines[2:])  # a banner: ===, title, ===
-              if above.startswith("# ===") and below.startswith("# ===")]
-    assert [next(s for s in READER_SECTIONS if t.startswith(s)) for t in titles] == READER_SECTIONS, titles
-    found = [line for line in lines if PLUMBING_CALLS.search(line.split("#")[0])]
-    assert found == [], found
-    source = inspect.getsource(common.train_step)
-    assert len(source.splitlines()) <= 30
-    order = ["model(batch)", ".backward()", "clip_grad_norm_", "opt.step()", "sched.step()", "opt.zero_grad("]
-    at = [source.index(x) for x in order]
-    assert at == sorted(at)
-    assert len(inspect.getsource(common.train).splitlines()) <= 90
-    tree = ast.parse("\n".join(lines))
-    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    assert names[names.index("train") - 1] == "train_step"
-    assert max(len(line) for line in lines) <= 110
-
-
-def test_the_annex_stays_as_small_as_its_guarantees():
-    """plumbing/ holds what keeps a run safe and fast, a module a concern, and no more: at most 2,200
-    lines in all (it grew to 2,495 in one round), no line over 110 columns."""
-    from conftest import ROOT
-    lines = {p.name: p.read_text(encoding="utf-8").splitlines() for p in (ROOT / "plumbing").glob("*.py")}
-    assert sum(map(len, lines.values())) <= 2200, {name: len(text) for name, text in lines.items()}
-    assert max(len(line) for text in lines.values() for line in text) <= 110
-
-
-@pytest.mark.parametrize("script", ["simcse", "focal_infonce", "ifcl", "conisi", "rcl"])
-def test_each_script_opens_on_its_paper(script):
-    """A script's first screen is its paper: the docstring in at most 30 lines (the paper, its
-    BibTeX key, how to run it: the default, a quick CPU run, an ablation; its page in docs/, which
-    holds the rest), and the first equation, the first `# Eq. (` line, by line 140."""
-    import ast
-
-    from conftest import ROOT
-    source = (ROOT / f"{script}.py").read_text(encoding="utf-8")
-    first = ast.parse(source).body[0]
-    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant), "no module docstring"
-    assert first.end_lineno <= 30, f"{script}.py: its docstring runs to line {first.end_lineno}"
-    doc = first.value.value
-    assert "BibTeX key:" in doc and f"docs/{script}.md" in doc and "Run" in doc
-    assert len(re.findall(rf"^\s*python {script}\.py", doc, flags=re.M)) >= 3
-    eq = next(n for n, line in enumerate(source.splitlines(), 1) if "# Eq. (" in line)
-    assert eq <= 140, f"{script}.py: the first equation is at line {eq}"
-
+# (its shape, the lengths and caps, is `python tools/check_house.py`, not a test: tests/test_check_house.py)
 
 def test_common_is_a_module_not_a_command():
     """common.py has no command line: no `if __name__ == "__main__":`, no cli(), no argument

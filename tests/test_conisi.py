@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import common
 import conisi
 from common import UserError
+from conftest import assert_matches_paper, departs
 from plumbing import flags
 
 # one intra-op thread (conftest's one_thread): on a shared 2-core machine two spinning threads make
@@ -56,9 +57,11 @@ def test_contrastive_loss_matches_loop(n, tau):
     h_Y = torch.randn(n, 7, generator=g, dtype=torch.float64)
     got = conisi.contrastive_loss(h_x, h_Y, tau)
     assert got.shape == ()
-    assert float(got) == pytest.approx(loop_contrastive(h_x, h_Y, tau), rel=1e-6, abs=1e-9)
+    assert_matches_paper(got, loop_contrastive(h_x, h_Y, tau), "contrastive_loss", "ConIsI Eq. (3)-(4)",
+                         rel=1e-6, abs=1e-9)
     if n == 1:  # a batch of one: the positive is its own only column
-        assert float(got) == pytest.approx(0.0, abs=1e-9)
+        assert_matches_paper(got, 0.0, "contrastive_loss", "ConIsI Eq. (3)-(4)", abs=1e-9,
+                             reference="a batch of one: -log 1")
     else:  # rows are the single sentences: swapping the roles (a transposed matrix) differs
         assert abs(float(conisi.contrastive_loss(h_Y, h_x, tau)) - float(got)) > 1e-4
 
@@ -66,18 +69,21 @@ def test_contrastive_loss_matches_loop(n, tau):
 def test_contrastive_loss_ties_and_scale():
     h_x = torch.randn(5, 3, dtype=torch.float64)
     tied = torch.ones(5, 3, dtype=torch.float64)  # every column the same: log N
-    assert float(conisi.contrastive_loss(h_x, tied, 0.05)) == pytest.approx(math.log(5))
+    assert_matches_paper(conisi.contrastive_loss(h_x, tied, 0.05), math.log(5), "contrastive_loss",
+                         "ConIsI Eq. (3)-(4)", reference="every column the same: log N")
     # cosine, not dot product: scaling the inputs changes nothing
     h_Y = torch.randn(5, 3, dtype=torch.float64)
     a = conisi.contrastive_loss(h_x, h_Y, 0.1)
-    assert float(conisi.contrastive_loss(3 * h_x, 0.2 * h_Y, 0.1)) == pytest.approx(float(a))
+    assert_matches_paper(conisi.contrastive_loss(3 * h_x, 0.2 * h_Y, 0.1), a, "contrastive_loss",
+                         "ConIsI Eq. (3)'s cosine sim", reference="the same loss on unscaled inputs")
 
 
 def test_contrastive_loss_reduces_to_simcse():
     """With the pair encoding swapped back for a second view, Eq. (3)-(4) is SimCSE's Eq. (4)."""
     import simcse
     h, h_pos = torch.randn(8, 16), torch.randn(8, 16)
-    assert torch.allclose(conisi.contrastive_loss(h, h_pos, 0.05), simcse.simcse_loss(h, h_pos, 0.05))
+    got, want = conisi.contrastive_loss(h, h_pos, 0.05), simcse.simcse_loss(h, h_pos, 0.05)
+    assert torch.allclose(got, want), departs("contrastive_loss", "SimCSE Eq. (4)", got, want, "simcse_loss")
 
 
 @pytest.mark.parametrize("n", [1, 9])
@@ -86,16 +92,19 @@ def test_interactive_loss_matches_loop(n):
     r_Y, r_Z = torch.randn(n, generator=g) * 3, torch.randn(n, generator=g) * 3
     got = conisi.interactive_loss(r_Y, r_Z)
     assert got.shape == ()
-    assert float(got) == pytest.approx(loop_interactive(r_Y, r_Z), rel=1e-5)
+    assert_matches_paper(got, loop_interactive(r_Y, r_Z), "interactive_loss", "ConIsI Eq. (8)-(9)", rel=1e-5)
     # Y is the positive class: swapping Y and Z gives another loss
     assert abs(float(conisi.interactive_loss(r_Z, r_Y)) - float(got)) > 1e-4 or torch.equal(r_Y, r_Z)
 
 
 def test_interactive_loss_edges():
     r = torch.tensor([0.3, -2.0, 5.0])
-    assert float(conisi.interactive_loss(r, r)) == pytest.approx(math.log(2))   # ties: log 2
+    assert_matches_paper(conisi.interactive_loss(r, r), math.log(2), "interactive_loss", "ConIsI Eq. (8)-(9)",
+                         reference="r^Y = r^Z: log 2")
     big = conisi.interactive_loss(torch.tensor([100.0, -100.0]), torch.tensor([-100.0, 100.0]))
-    assert torch.isfinite(big) and float(big) == pytest.approx(100.0, rel=1e-4)  # (0 + 200) / 2
+    assert torch.isfinite(big)
+    assert_matches_paper(big, 100.0, "interactive_loss", "ConIsI Eq. (8)-(9)", rel=1e-4,
+                         reference="logits of +-100: (0 + 200) / 2")
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.3, 0.8, 1.0])
@@ -105,7 +114,8 @@ def test_conisi_loss_matches_loop(lam):
     r_Y, r_Z = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
     want = (1 - lam) * loop_contrastive(h_x, h_Y, 0.05) + lam * loop_interactive(r_Y, r_Z)
     got = conisi.conisi_loss(h_x, h_Y, r_Y, r_Z, 0.05, lam)
-    assert got.shape == () and float(got) == pytest.approx(want, rel=1e-6)
+    assert got.shape == ()
+    assert_matches_paper(got, want, "conisi_loss", "ConIsI Eq. (10)", rel=1e-6)
 
 
 def test_lam_zero_is_the_contrastive_loss_alone():
@@ -496,7 +506,8 @@ def test_forward_is_eq10_over_x_Y_Z(reading, tiny_model, tiny_tok):
         want = eq10(ref_g(m, c_x), ref_pairs(m, c_Y, c_Z, reading))
         swapped = eq10(ref_g(m, c_x), ref_pairs(m, c_Y, c_Z, other))
         mixed = eq10(ref_g(m, torch.cat([c_x, c_Y]))[:len(SENTS)], ref_pairs(m, c_Y, c_Z, reading))
-    assert float(loss.detach()) == pytest.approx(want, rel=1e-4)
+    assert_matches_paper(loss.detach(), want, "ConIsI's forward", "ConIsI Eq. (10)", rel=1e-4,
+                         reference="Eq. (10) from per-row loops over x, Y and Z")
     # the guards have power: the other reading, and one BatchNorm over x and Y together, both
     # move the loss far beyond the tolerance above (here by about 3 % and 20 %; the tiny BERT
     # is the same in every session, see conftest.build_tiny_bert)
@@ -533,7 +544,7 @@ def test_lam_zero_has_no_path_from_c(reading, tiny_model, tiny_tok, monkeypatch)
     with torch.no_grad():
         c_x, c_Y = m.cls(x), m.cls(conisi.compose_pairs(x, x, m.tpl))
         want = loop_contrastive(ref_g(m, c_x), ref_g(m, c_Y), tau)
-    assert float(loss) == pytest.approx(want, rel=1e-4)
+    assert_matches_paper(loss, want, "ConIsI's forward at lam 0", "ConIsI Eq. (3)-(4)", rel=1e-4)
     assert set(stats) == {"loss_contrastive"} and torch.equal(stats["loss_contrastive"], loss)
     assert rows == [n, n]                                              # x, then Y: no Z
     assert not m.w3.weight.requires_grad and not m.w3.bias.requires_grad

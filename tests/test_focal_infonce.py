@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import common
 import focal_infonce as fi
+from conftest import assert_matches_paper
 from plumbing import flags
 
 # -------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_loss_matches_per_row_loop(n, d, tau, m):
     got = fi.focal_infonce_loss(h, h_pos, tau, m)
     assert got.dim() == 0
     want = float(np.mean(eq2_rows(sim_rows(h, h_pos), tau, m)))
-    assert float(got) == pytest.approx(want, rel=1e-10, abs=1e-10)
+    assert_matches_paper(got, want, "focal_infonce_loss", "Focal-InfoNCE Eq. (2)", rel=1e-10, abs=1e-10)
     # orientation: rows are anchors h_i, columns second views h_j^+ (not the transpose)
     transposed = float(np.mean(eq2_rows(sim_rows(h_pos, h), tau, m)))
     assert abs(transposed - want) > 1e-6
@@ -98,14 +99,18 @@ def test_loss_ties_and_batch_of_one():
     # every vector the same: all similarities tie at 1
     h = torch.ones(4, 6, dtype=torch.float64)                                # (4, d)
     want = -math.log(math.exp(1 / tau) / (math.exp(1 / tau) + 3 * math.exp((1 + m) / tau)))
-    assert float(fi.focal_infonce_loss(h, h, tau, m)) == pytest.approx(want, rel=1e-10)
+    assert_matches_paper(fi.focal_infonce_loss(h, h, tau, m), want, "focal_infonce_loss",
+                         "Focal-InfoNCE Eq. (2)", rel=1e-10, reference="every similarity tied at 1")
     # ties between negatives of one row
     s = torch.tensor([[0.9, 0.2, 0.2], [0.5, 0.8, 0.5], [-0.1, -0.1, 0.7]], dtype=torch.float64)
     want = float(np.mean(eq2_rows(s.tolist(), tau, m)))
-    assert float(fi.focal_infonce_from_cos(s, tau, m)) == pytest.approx(want, rel=1e-10)
+    assert_matches_paper(fi.focal_infonce_from_cos(s, tau, m), want, "focal_infonce_from_cos",
+                         "Focal-InfoNCE Eq. (2)", rel=1e-10,
+                         reference="the paper's per-row loop, with tied negatives")
     # a batch of one: no negatives, the positive is the whole denominator, l = 0
     h1 = torch.randn(1, 6, dtype=torch.float64)
-    assert float(fi.focal_infonce_loss(h1, h1 + 0.3, tau, m)) == pytest.approx(0.0, abs=1e-12)
+    assert_matches_paper(fi.focal_infonce_loss(h1, h1 + 0.3, tau, m), 0.0, "focal_infonce_loss",
+                         "Focal-InfoNCE Eq. (2)", abs=1e-12, reference="a batch of one: -log 1")
 
 
 def test_low_precision_input_is_computed_in_fp32():
@@ -113,7 +118,8 @@ def test_low_precision_input_is_computed_in_fp32():
     got = fi.focal_infonce_from_cos(s.to(torch.bfloat16), 0.07, 0.3)
     assert got.dtype == torch.float32
     want = float(np.mean(eq2_rows(s.to(torch.bfloat16).double().tolist(), 0.07, 0.3)))
-    assert float(got) == pytest.approx(want, rel=1e-5)
+    assert_matches_paper(got, want, "focal_infonce_from_cos", "Focal-InfoNCE Eq. (2)", rel=1e-5,
+                         reference="the paper's per-row loop, on bf16 input")
 
 
 # -------------------------------------------------------------------------------------
@@ -126,11 +132,14 @@ def test_gradients_match_eq5_and_corrected_eq4(n, tau, m, seed):
     grad = autograd_of_sum(s, tau, m)                                        # (N, N)
     rows = s.tolist()
     for i in range(n):
-        assert float(grad[i, i]) == pytest.approx(grad_eq5(rows, i, tau, m), rel=1e-9, abs=1e-12)
+        assert_matches_paper(grad[i, i], grad_eq5(rows, i, tau, m), "focal_infonce_from_cos's gradient",
+                             "Focal-InfoNCE Eq. (5)", rel=1e-9, abs=1e-12, reference=f"dL/ds_p^{i}")
         for j in range(n):
             if j != i:
-                assert float(grad[i, j]) == pytest.approx(grad_eq4_corrected(rows, i, j, tau, m),
-                                                          rel=1e-9, abs=1e-12)
+                assert_matches_paper(grad[i, j], grad_eq4_corrected(rows, i, j, tau, m),
+                                     "focal_infonce_from_cos's gradient",
+                                     "Focal-InfoNCE Eq. (4) as corrected (focal_infonce.py's erratum note)",
+                                     rel=1e-9, abs=1e-12, reference=f"dL/ds_n^{i},{j}")
 
 
 def test_printed_eq4_is_not_the_derivative():
@@ -165,7 +174,8 @@ def test_modulation_factors_are_not_detached():
 def test_batch_of_one_gradient_is_zero():
     s = torch.tensor([[0.6]], dtype=torch.float64)
     grad = autograd_of_sum(s, 0.07, 0.3)
-    assert float(grad[0, 0]) == pytest.approx(grad_eq5(s.tolist(), 0, 0.07, 0.3), abs=1e-12)
+    assert_matches_paper(grad[0, 0], grad_eq5(s.tolist(), 0, 0.07, 0.3), "focal_infonce_from_cos's gradient",
+                         "Focal-InfoNCE Eq. (5)", abs=1e-12, reference="a batch of one")
     assert float(grad[0, 0]) == pytest.approx(0.0, abs=1e-12)
 
 
@@ -185,7 +195,9 @@ def test_no_modulation_is_simcse(m):
     h = torch.randn(10, 7, generator=g, dtype=torch.float64)                 # (N, d)
     h_pos = torch.randn(10, 7, generator=g, dtype=torch.float64)             # (N, d)
     got = fi.focal_infonce_loss(h, h_pos, 0.05, m, modulate=False)
-    assert float(got) == pytest.approx(float(simcse_infonce(h, h_pos, 0.05)), rel=1e-10)
+    assert_matches_paper(got, simcse_infonce(h, h_pos, 0.05), "focal_infonce_loss(modulate=False)",
+                         "SimCSE Eq. (4), the InfoNCE of Focal-InfoNCE's Eq. (1)", rel=1e-10,
+                         reference="SimCSE's InfoNCE written out")
     # and the modulation does change it
     assert abs(float(fi.focal_infonce_loss(h, h_pos, 0.05, m)) - float(got)) > 1e-3
 

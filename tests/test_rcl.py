@@ -16,7 +16,7 @@ import torch
 import common
 import rcl
 import simcse
-from conftest import CORPUS_LINES
+from conftest import CORPUS_LINES, assert_matches_paper, departs
 from plumbing import atomic_writes, export, flags, inputs, run_folder
 
 # ------------------------------------------------------------------------------------
@@ -77,7 +77,8 @@ def _rand(*shape, seed=0):
 def test_contrastive_loss_matches_loop(hard_neg, tau):
     q, ind = _rand(5, 7, seed=1), _rand(10 if hard_neg else 5, 7, seed=2)
     want = sum(_row_ce(q[i], list(ind), i, tau) for i in range(5)) / 5
-    assert close(rcl.contrastive_loss(q, ind, tau), want)
+    got = rcl.contrastive_loss(q, ind, tau)
+    assert close(got, want), departs("contrastive_loss", "RCL Eq. (1)", got, want)
 
 
 @pytest.mark.parametrize("hard_neg", [False, True])
@@ -87,7 +88,8 @@ def test_entropy_loss_matches_loop(hard_neg, phi, tau):
     q, ind = _rand(n, 8, seed=3), _rand(2 * n if hard_neg else n, 8, seed=4)
     got = rcl.entropy_loss(q, ind, phi, tau)
     assert got.dim() == 0
-    assert close(got, ref_entropy(q, ind, phi, tau))
+    want = ref_entropy(q, ind, phi, tau)
+    assert close(got, want), departs("entropy_loss", "RCL Eq. (2)", got, want)
     # a transposed similarity matrix (ind as rows) would give another value
     if not hard_neg:
         assert not close(got, ref_entropy(ind, q, phi, tau))
@@ -99,15 +101,19 @@ def test_entropy_loss_ties():
     q = torch.cat([base, base[:1]])                                           # rows 0 and 3 tie
     ind = torch.cat([base[:2], base[:2]])                                     # columns tie pairwise
     for phi in (0.0, 0.5):
-        assert close(rcl.entropy_loss(q, ind, phi, 0.1), ref_entropy(q, ind, phi, 0.1))
+        got, want = rcl.entropy_loss(q, ind, phi, 0.1), ref_entropy(q, ind, phi, 0.1)
+        assert close(got, want), departs("entropy_loss", "RCL Eq. (2)", got, want,
+                                         "the paper's per-row loop, with ties")
 
 
 def test_entropy_loss_batch_of_one():
     q, pos, neg = _rand(1, 4, seed=6), _rand(1, 4, seed=7), _rand(1, 4, seed=8)
     # one row, no other column: the cross-entropy is 0 and the entropy sum is empty
-    assert rcl.entropy_loss(q, pos, 0.5, 0.05).item() == pytest.approx(0.0, abs=1e-12)
+    assert_matches_paper(rcl.entropy_loss(q, pos, 0.5, 0.05).item(), 0.0, "entropy_loss", "RCL Eq. (2)",
+                         abs=1e-12, reference="one row, no other column")
     ind = torch.cat([pos, neg])
-    assert close(rcl.entropy_loss(q, ind, 0.5, 0.05), ref_entropy(q, ind, 0.5, 0.05))
+    got, want = rcl.entropy_loss(q, ind, 0.5, 0.05), ref_entropy(q, ind, 0.5, 0.05)
+    assert close(got, want), departs("entropy_loss", "RCL Eq. (2)", got, want)
 
 
 def test_entropy_term_is_phi_times_row_entropy():
@@ -117,7 +123,9 @@ def test_entropy_term_is_phi_times_row_entropy():
     assert h.item() > 0
     for phi in (0.04, -0.03):
         diff = rcl.entropy_loss(q, ind, phi, 0.1) - rcl.entropy_loss(q, ind, 0.0, 0.1)
-        assert close(diff, phi * h)
+        assert close(diff, phi * h), departs("entropy_loss(phi) - entropy_loss(0)",
+                                             "RCL Eq. (2)'s entropy term", diff, phi * h,
+                                             "phi times the row entropy")
 
 
 def test_entropy_loss_gradient_matches_loop():
@@ -126,19 +134,23 @@ def test_entropy_loss_gradient_matches_loop():
     q2, ind2 = q1.detach().clone().requires_grad_(), ind1.detach().clone().requires_grad_()
     rcl.entropy_loss(q1, ind1, 0.7, 0.2).backward()
     ref_entropy(q2, ind2, 0.7, 0.2).backward()
-    assert close(q1.grad, q2.grad)
-    assert close(ind1.grad, ind2.grad)
+    code = "entropy_loss's gradient"
+    assert close(q1.grad, q2.grad), departs(code, "RCL Eq. (2)", q1.grad, q2.grad)
+    assert close(ind1.grad, ind2.grad), departs(code, "RCL Eq. (2)", ind1.grad, ind2.grad)
 
 
 def test_phi_zero_is_simcse():
     """Reduction: phi = 0 is supervised SimCSE (Eq. 5) and, without hard negatives, Eq. (4)."""
     q, pos, neg = _rand(6, 8, seed=13), _rand(6, 8, seed=14), _rand(6, 8, seed=15)
     for tau in (0.05, 0.5):
-        assert close(rcl.entropy_loss(q, pos, 0.0, tau), simcse.simcse_loss(q, pos, tau))
-        assert close(rcl.entropy_loss(q, torch.cat([pos, neg]), 0.0, tau),
-                              simcse.simcse_sup_loss(q, pos, neg, tau))
-        assert close(rcl.contrastive_loss(q, torch.cat([pos, neg]), tau),
-                              simcse.simcse_sup_loss(q, pos, neg, tau))
+        got, want = rcl.entropy_loss(q, pos, 0.0, tau), simcse.simcse_loss(q, pos, tau)
+        assert close(got, want), departs("entropy_loss at phi 0", "SimCSE Eq. (4)", got, want, "simcse_loss")
+        got = rcl.entropy_loss(q, torch.cat([pos, neg]), 0.0, tau)
+        want = simcse.simcse_sup_loss(q, pos, neg, tau)
+        assert close(got, want), departs("entropy_loss at phi 0", "SimCSE Eq. (5)", got, want,
+                                         "simcse_sup_loss")
+        got = rcl.contrastive_loss(q, torch.cat([pos, neg]), tau)
+        assert close(got, want), departs("contrastive_loss", "SimCSE Eq. (5)", got, want, "simcse_sup_loss")
 
 
 # ------------------------------------------------------------------------------------
@@ -154,7 +166,8 @@ def test_regularized_loss_matches_loop(hard_neg, k):
     aug_ind = [_rand(n, d, seed=40 + i) for i in range(k)]
     got = rcl.regularized_loss(q, ind, aug_q, aug_ind, tau)
     assert got.dim() == 0
-    assert close(got, ref_regularized(q, ind, aug_q, aug_ind, tau))
+    want = ref_regularized(q, ind, aug_q, aug_ind, tau)
+    assert close(got, want), departs("regularized_loss", "RCL Eq. (3)", got, want)
     # q must meet Au_q and ind meet Au_ind, not the other way round
     assert not close(got, ref_regularized(q, ind, aug_ind, aug_q, tau))
     # a missing tau (tau = 1) would give another value
@@ -168,18 +181,24 @@ def test_regularized_loss_gradient_matches_loop():
     aug_q, aug_ind = [_rand(n, d, seed=52)], [_rand(n, d, seed=53)]
     rcl.regularized_loss(q1, ind1, aug_q, aug_ind, 0.3).backward()
     ref_regularized(q2, ind2, aug_q, aug_ind, 0.3).backward()
-    assert close(q1.grad, q2.grad)
-    assert close(ind1.grad, ind2.grad)
+    code = "regularized_loss's gradient"
+    assert close(q1.grad, q2.grad), departs(code, "RCL Eq. (3)", q1.grad, q2.grad)
+    assert close(ind1.grad, ind2.grad), departs(code, "RCL Eq. (3)", ind1.grad, ind2.grad)
     assert ind1.grad[n:].abs().sum() > 0    # hard negatives get gradient from the first term
 
 
 def test_regularized_loss_no_regulators_is_contrastive():
     q, pos, neg = _rand(6, 8, seed=60), _rand(6, 8, seed=61), _rand(6, 8, seed=62)
     ind = torch.cat([pos, neg])
-    assert close(rcl.regularized_loss(q, ind, [], [], 0.05), rcl.contrastive_loss(q, ind, 0.05))
-    assert close(rcl.regularized_loss(q, pos, [], [], 0.05), simcse.simcse_loss(q, pos, 0.05))
+    got, want = rcl.regularized_loss(q, ind, [], [], 0.05), rcl.contrastive_loss(q, ind, 0.05)
+    assert close(got, want), departs("regularized_loss without regulators", "RCL Eq. (1)", got, want,
+                                     "contrastive_loss")
+    got, want = rcl.regularized_loss(q, pos, [], [], 0.05), simcse.simcse_loss(q, pos, 0.05)
+    assert close(got, want), departs("regularized_loss without regulators", "SimCSE Eq. (4)", got, want,
+                                     "simcse_loss")
     # a batch of one with a regulator: every term is a softmax over one column, so 0
-    assert rcl.regularized_loss(q[:1], pos[:1], [pos[:1]], [q[:1]], 0.05).item() == pytest.approx(0.0)
+    assert_matches_paper(rcl.regularized_loss(q[:1], pos[:1], [pos[:1]], [q[:1]], 0.05).item(), 0.0,
+                         "regularized_loss", "RCL Eq. (3)", reference="a batch of one: every term -log 1")
 
 
 def test_regularized_loss_regulators_add():
@@ -191,7 +210,8 @@ def test_regularized_loss_regulators_add():
     one = rcl.regularized_loss(q, ind, a[:1], a[1:2], 0.1) - base
     two = rcl.regularized_loss(q, ind, a[2:3], a[3:4], 0.1) - base
     both = rcl.regularized_loss(q, ind, [a[0], a[2]], [a[1], a[3]], 0.1) - base
-    assert close(both, one + two)
+    assert close(both, one + two), departs("regularized_loss", "RCL Eq. (3)'s sum over the entropy models",
+                                           both, one + two, "each model's regulators added")
 
 
 def test_regularized_loss_mismatched_lists():

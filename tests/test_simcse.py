@@ -18,7 +18,7 @@ import torch
 
 import common
 import simcse
-from conftest import ROOT
+from conftest import ROOT, assert_matches_paper
 from plumbing import flags
 
 
@@ -53,7 +53,8 @@ def test_simcse_loss_matches_per_row_loop(n, tau):
     h, h_pos = torch.randn(n, 16, generator=g), torch.randn(n, 16, generator=g)
     got = simcse.simcse_loss(h, h_pos, tau)
     assert got.dim() == 0
-    assert float(got) == pytest.approx(loop_unsup(h.double(), h_pos.double(), tau), rel=1e-5, abs=1e-6)
+    assert_matches_paper(got, loop_unsup(h.double(), h_pos.double(), tau), "simcse_loss", "SimCSE Eq. (4)",
+                         rel=1e-5, abs=1e-6)
 
 
 def test_simcse_loss_is_one_directional_and_handles_ties():
@@ -65,9 +66,11 @@ def test_simcse_loss_is_one_directional_and_handles_ties():
     # ties: a duplicated sentence in the batch is a negative as similar as the positive
     h[3], h_pos[3] = h[1], h_pos[1]
     want = loop_unsup(h.double(), h_pos.double(), 0.05)
-    assert float(simcse.simcse_loss(h, h_pos, 0.05)) == pytest.approx(want, rel=1e-4)
+    assert_matches_paper(simcse.simcse_loss(h, h_pos, 0.05), want, "simcse_loss", "SimCSE Eq. (4)", rel=1e-4,
+                         reference="the paper's per-row loop, with a duplicated sentence")
     # a batch of one has only its positive: loss log(1) = 0
-    assert float(simcse.simcse_loss(h[:1], h_pos[:1], 0.05)) == pytest.approx(0.0, abs=1e-6)
+    assert_matches_paper(simcse.simcse_loss(h[:1], h_pos[:1], 0.05), 0.0, "simcse_loss", "SimCSE Eq. (4)",
+                         abs=1e-6, reference="a batch of one: -log 1")
 
 
 @pytest.mark.parametrize("n", [6, 1])
@@ -77,7 +80,7 @@ def test_simcse_sup_loss_matches_per_row_loop(n):
     got = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05)
     assert got.dim() == 0
     want = loop_sup(h.double(), h_pos.double(), h_neg.double(), 0.05)
-    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert_matches_paper(got, want, "simcse_sup_loss", "SimCSE Eq. (5)", rel=1e-5, abs=1e-6)
     # without the hard-negative columns it is Eq. (4) again, and strictly smaller
     assert float(got) > float(simcse.simcse_loss(h, h_pos, 0.05))
 
@@ -355,7 +358,8 @@ def test_weighted_sup_loss_matches_per_row_loop(n, alpha):
     got = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, alpha)
     assert got.dim() == 0
     want = loop_sup_weighted(h.double(), h_pos.double(), h_neg.double(), 0.05, alpha)
-    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert_matches_paper(got, want, "simcse_sup_loss", "SimCSE Eq. (5) weighted by alpha (its Sec. 6.3)",
+                         rel=1e-5, abs=1e-6)
 
 
 def test_alpha_weighs_only_the_paired_hard_negative():
@@ -365,7 +369,7 @@ def test_alpha_weighs_only_the_paired_hard_negative():
     # alpha = 1 is Eq. (5) itself, to the bit, and its per-row loop
     one = simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, 1.0)
     assert torch.equal(one, simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05))
-    assert float(one) == pytest.approx(loop_sup(*d, 0.05), rel=1e-5)
+    assert_matches_paper(one, loop_sup(*d, 0.05), "simcse_sup_loss", "SimCSE Eq. (5)", rel=1e-5)
     # alpha = k (an integer) is Eq. (5) over the batch's columns with row i's own hard negative
     # h_i^- counted k times: only that term of row i's denominator changes
     for k in (2, 3):
@@ -375,7 +379,9 @@ def test_alpha_weighs_only_the_paired_hard_negative():
                                   [cos(d[0][i], d[2][j]) for j in range(6)] +
                                   [cos(d[0][i], d[2][i])] * (k - 1), dtype=torch.float64) / 0.05
             want += -float(torch.log_softmax(logits, 0)[i]) / 6
-        assert float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, float(k))) == pytest.approx(want, rel=1e-5)
+        assert_matches_paper(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, float(k)), want, "simcse_sup_loss",
+                             "SimCSE Eq. (5) weighted by alpha (its Sec. 6.3)", rel=1e-5,
+                             reference=f"Eq. (5) with h_i^- counted {k} times")
     # not the reading that weighs every hard negative of the batch
     every = loop_sup_weighted(*d, 0.05, 2.0, weighs=lambda i, j: True)
     assert float(simcse.simcse_sup_loss(h, h_pos, h_neg, 0.05, 2.0)) != pytest.approx(every, rel=1e-3)
