@@ -1,8 +1,9 @@
 """The annotated pages of docs/pages/ (tools/pages.py, house style rule 13).
 
 Without a browser: every equation a script names has one typeset form in docs/equations.tex and
-every typeset form is named by its script; the committed pages are what a fresh build makes, byte
-for byte; a malformed formula stops the build naming the script, the equation and KaTeX's message;
+every typeset form is named by its script; a build is the same twice, byte for byte (whether the
+committed pages are today's is `python tools/check_house.py`); a malformed formula stops the build
+naming the script, the equation and KaTeX's message;
 a script with no comment block still makes a page; the pages link what they say they link.
 
 In a real browser (Debian's chromium, driven through chromedriver's WebDriver protocol by the small
@@ -263,9 +264,18 @@ def test_a_page_fetches_nothing_and_its_links_resolve(name):
             assert f'id="{anchor}"' in target.read_text(encoding="utf-8"), href
 
 
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, bytes]:
+    """The pages as today's scripts make them (not the committed ones, which a student's edit leaves
+    behind until `python tools/pages.py`: check_house names those)."""
+    need(pages.katex_ready())
+    need(pages.pygments_differs())
+    return pages.generate()
+
+
 @pytest.mark.parametrize("script", pages.SCRIPTS)
-def test_every_line_of_a_script_has_its_anchor_and_every_equation_its_box(script):
-    page = (OUT / f"{Path(script).stem}.html").read_text(encoding="utf-8")
+def test_every_line_of_a_script_has_its_anchor_and_every_equation_its_box(script, fresh):
+    page = fresh[f"{Path(script).stem}.html"].decode("utf-8")
     lines = (ROOT / script).read_text(encoding="utf-8").splitlines()
     for n in range(1, len(lines) + 1):
         assert page.count(f'id="L{n}"') == 1, f"{script}:{n}"
