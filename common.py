@@ -31,6 +31,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -50,6 +51,7 @@ from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
 from plumbing import downloads, export, flags, inputs
+from plumbing.atomic_writes import sha256_file, write_text_atomic
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
 from plumbing.downloads import in_data as in_data
@@ -355,17 +357,28 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
     evaluation.py: under bf16 a run's STS-B dev and the same weights evaluated again (best/,
     `python tools/eval.py`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
+    limit = inputs.max_positions(encoder.config, tokenizer)
+    # the Rust tokenizer directly, as tokenize() does (the same ids as tokenizer(...), a third of
+    # the time), each list of sentences once: the dev evaluations encode the same three lists
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.enable_truncation(limit)
+    backend.no_padding()
+    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    tokenized: dict[tuple[str, ...], list[list[int]]] = {}
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def encode(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
         modules = [m for m in (encoder, mlp) if m is not None]
         was_training = encoder.training
         for m in modules:
             m.eval()
         device = next(encoder.parameters()).device
-        limit = inputs.max_positions(encoder.config, tokenizer)
-        ids = tokenizer(clip(sentences, limit), truncation=True, max_length=limit,
-                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        key = tuple(sentences)
+        if key not in tokenized:
+            if len(tokenized) >= 8:
+                tokenized.clear()
+            tokenized[key] = [e.ids for e in encode_batch(clip(sentences, limit))]
+        ids = tokenized[key]
         order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
         for s in range(0, len(order), batch_size):
@@ -603,6 +616,10 @@ def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_b
         figures = {t: untrained[t]["spearman"] for t in STS_TASKS if t in untrained}
         sts_rows.insert(0, (untrained["label"], {**figures, "avg": untrained["avg"]}))
     lines.append(format_sts_table(res, sts_rows))
+    if untrained and untrained.get("kept_in"):
+        how = ("kept from an earlier run of the same weights, pooler, STS data and evaluation code:"
+               if untrained.get("reused") else "evaluated now, kept for the next run of this model in")
+        lines.append(f"({untrained['label']}: {how} {untrained['kept_in']})")
     if "alignment" in res:
         beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
                   for label, r in picked if r.split == "test" and "alignment" in r.figures]
@@ -777,8 +794,25 @@ def dev_figures(encode: Encode, sts_dir: str | Path,
 
 
 def final_figures(encode: Encode, sts_dir: str | Path, desc: str) -> dict:
-    """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test."""
+    """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test
+    (from the embeddings of STS-B test's sentences that the 7 tasks computed: the same list in the
+    same batches, so the same figures as encoding them again)."""
+    encode = remembered(encode)
     return {**evaluate_sts(encode, sts_dir, desc=desc), **alignment_uniformity(encode, sts_dir, desc=desc)}
+
+
+def remembered(encode: Encode) -> Encode:
+    """`encode` that computes each list of sentences once: asked again, the same array."""
+    kept: dict[tuple[str, ...], np.ndarray] = {}
+
+    def again(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
+        key = tuple(sentences)
+        if key in kept:
+            on_batch(len(sentences))
+        else:
+            kept[key] = encode(sentences, on_batch)
+        return kept[key]
+    return again
 
 
 # =====================================================================================
@@ -918,14 +952,90 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
 
 
 def untrained_figures(args: TrainArgs, pooler: str) -> dict:
-    """final_figures of the untrained --model, read off with the run's pooler, labelled."""
+    """final_figures of the untrained --model, read off with the run's pooler, labelled; kept in
+    the cache folder (untrained_kept) and read back by every later run of the same weights,
+    pooler, STS data and evaluation code. "kept_in" says where, "reused" whether it was read back."""
     # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
     # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
     # random draw, a seed's rather than the encoder's
     name = Path(args.model).name or args.model
     label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
-    return {"label": label, "model": args.model, "pooler": pooler,
-            **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
+    row = {"label": label, "model": args.model, "pooler": pooler}
+    path, key = untrained_kept(args.model, pooler, args.sts_dir, args.cache_dir)
+    if path is not None and (figures := read_untrained(path, key)) is not None:
+        return {**row, **figures, "kept_in": str(path), "reused": True}
+    figures = final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")
+    if path is None:
+        return {**row, **figures}
+    text = json.dumps({"key": key, "figures": figures, "sha256": _digest(figures)}, sort_keys=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text + "\n")
+    except OSError:                                 # a cache: a row not kept is evaluated next time
+        return {**row, **figures}
+    return {**row, **figures, "kept_in": str(path), "reused": False}
+
+
+# the evaluation code as this process read it, for untrained_kept: an edit to it evaluates again
+EVAL_CODE = hashlib.sha256(Path(__file__).read_bytes() + Path(inputs.__file__).read_bytes()).hexdigest()
+MODEL_FILES = (".json", ".safetensors", ".bin", ".txt", ".model")    # weights, config, tokenizer
+
+
+def _digest(x: Any) -> str:
+    return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()
+
+
+def model_files(model: str) -> list[Path]:
+    """The files a saved model loads from (its weights, config and tokenizer), in a folder or in
+    the Hugging Face cache; [] where they cannot be found without the network."""
+    folder = Path(model)
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+        found = try_to_load_from_cache(model, "config.json")
+        if not isinstance(found, str):
+            return []
+        folder = Path(found).parent
+    return sorted(p for p in folder.iterdir() if p.suffix in MODEL_FILES and p.is_file())
+
+
+def untrained_kept(model: str, pooler: str, sts_dir: str | Path,
+                   cache_dir: str = "") -> tuple[Path | None, dict]:
+    """(where the untrained row of `model` is kept, what it must have been computed from): the
+    SHA-256 of each of the model's files (not its name), the pooler, the 7 tasks' pairs as read,
+    the evaluation code (common.py and plumbing/inputs.py), torch, transformers and the device.
+    The file is untrained-<hash of all that>.json in the token cache's folder beside --sts_dir
+    (data/.cache for data/sts), or --cache_dir; None where the model's files cannot be found."""
+    import transformers
+    files = model_files(model)
+    if not files:
+        return None, {}
+    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(sts_dir, t, "test").items()}
+             for t in STS_TASKS}
+    key = {"model_files": {p.name: sha256_file(p) for p in files}, "pooler": pooler, "sts": _digest(pairs),
+           "eval_code": EVAL_CODE, "torch": torch.__version__, "transformers": transformers.__version__,
+           "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    return inputs.default_cache_dir(sts_dir, cache_dir) / f"untrained-{_digest(key)[:32]}.json", key
+
+
+def read_untrained(path: Path, key: dict) -> dict | None:
+    """The figures kept at `path` if they are whole and were computed from `key`; None where there
+    are none; a file that is damaged or computed from something else is said so and not used."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        kept = e
+    figures = kept.get("figures") if isinstance(kept, dict) else None
+    whole = (isinstance(figures, dict) and kept.get("sha256") == _digest(figures)
+             and all(isinstance(figures.get(t), dict) and isinstance(figures[t].get("spearman"), float)
+                     for t in STS_TASKS)
+             and all(isinstance(figures.get(k), float) for k in ("avg", "alignment", "uniformity")))
+    if whole and kept.get("key") == key:
+        return figures
+    print(f"note: {path}: {'not from this model, pooler, STS data and code' if whole else 'damaged'}; "
+          f"the untrained row is evaluated again", file=sys.stderr)
+    return None
 
 
 def report(best_dir: Path, args: TrainArgs, kept: dict, write: bool = True) -> None:
