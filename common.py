@@ -17,12 +17,13 @@ A module, not a command: `python tools/eval.py` scores a saved encoder with eval
 `python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
 plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
 paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
-token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record and
-identity, how a checkpoint is written and read back, stages), atomic_writes, export (a folder
-transformers and sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP),
-ranks, progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts
-(signals, from a script's first line to its last) and translation (IFCL's German file). A reader
-of the papers need not open them.
+token cache), kept_rows (the untrained row, evaluated once), downloads (SimCSE's data on first
+use), run_folder (the lock, the run's record and identity, how a checkpoint is written and read
+back, stages), atomic_writes, export (a folder transformers and sentence-transformers load),
+compiled_step (torch.compile, CUDA graphs, DDP; length-sorted sub-batches on a CPU), ranks,
+progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts (signals,
+from a script's first line to its last) and translation (IFCL's German file). A reader of the
+papers need not open them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import os
@@ -50,8 +50,7 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, export, flags, inputs
-from plumbing.atomic_writes import sha256_file, write_text_atomic
+from plumbing import downloads, export, flags, inputs, kept_rows
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
 from plumbing.downloads import in_data as in_data
@@ -803,15 +802,15 @@ def final_figures(encode: Encode, sts_dir: str | Path, desc: str) -> dict:
 
 def remembered(encode: Encode) -> Encode:
     """`encode` that computes each list of sentences once: asked again, the same array."""
-    kept: dict[tuple[str, ...], np.ndarray] = {}
+    done: dict[tuple[str, ...], np.ndarray] = {}
 
     def again(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
         key = tuple(sentences)
-        if key in kept:
+        if key in done:
             on_batch(len(sentences))
         else:
-            kept[key] = encode(sentences, on_batch)
-        return kept[key]
+            done[key] = encode(sentences, on_batch)
+        return done[key]
     return again
 
 
@@ -952,90 +951,25 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
 
 
 def untrained_figures(args: TrainArgs, pooler: str) -> dict:
-    """final_figures of the untrained --model, read off with the run's pooler, labelled; kept in
-    the cache folder (untrained_kept) and read back by every later run of the same weights,
-    pooler, STS data and evaluation code. "kept_in" says where, "reused" whether it was read back."""
+    """final_figures of the untrained --model, read off with the run's pooler, labelled; kept (plumbing/
+    kept_rows.py) for every later run of the same weights, pooler, STS data and evaluation code, which reads
+    it back: "kept_in" says where, "reused" whether it was read back."""
     # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
     # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
     # random draw, a seed's rather than the encoder's
     name = Path(args.model).name or args.model
     label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
     row = {"label": label, "model": args.model, "pooler": pooler}
-    path, key = untrained_kept(args.model, pooler, args.sts_dir, args.cache_dir)
-    if path is not None and (figures := read_untrained(path, key)) is not None:
+    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(args.sts_dir, t).items()}
+             for t in STS_TASKS}
+    made_of = kept_rows.key(args.model, pooler, pairs)
+    path = kept_rows.where(made_of, args.sts_dir, args.cache_dir) if made_of else None
+    if path and (figures := kept_rows.read(path, made_of, STS_TASKS)) is not None:
         return {**row, **figures, "kept_in": str(path), "reused": True}
     figures = final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")
-    if path is None:
-        return {**row, **figures}
-    text = json.dumps({"key": key, "figures": figures, "sha256": _digest(figures)}, sort_keys=True)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, text + "\n")
-    except OSError:                                 # a cache: a row not kept is evaluated next time
-        return {**row, **figures}
-    return {**row, **figures, "kept_in": str(path), "reused": False}
-
-
-# the evaluation code as this process read it, for untrained_kept: an edit to it evaluates again
-EVAL_CODE = hashlib.sha256(Path(__file__).read_bytes() + Path(inputs.__file__).read_bytes()).hexdigest()
-MODEL_FILES = (".json", ".safetensors", ".bin", ".txt", ".model")    # weights, config, tokenizer
-
-
-def _digest(x: Any) -> str:
-    return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()
-
-
-def model_files(model: str) -> list[Path]:
-    """The files a saved model loads from (its weights, config and tokenizer), in a folder or in
-    the Hugging Face cache; [] where they cannot be found without the network."""
-    folder = Path(model)
-    if not folder.is_dir():
-        from huggingface_hub import try_to_load_from_cache
-        found = try_to_load_from_cache(model, "config.json")
-        if not isinstance(found, str):
-            return []
-        folder = Path(found).parent
-    return sorted(p for p in folder.iterdir() if p.suffix in MODEL_FILES and p.is_file())
-
-
-def untrained_kept(model: str, pooler: str, sts_dir: str | Path,
-                   cache_dir: str = "") -> tuple[Path | None, dict]:
-    """(where the untrained row of `model` is kept, what it must have been computed from): the
-    SHA-256 of each of the model's files (not its name), the pooler, the 7 tasks' pairs as read,
-    the evaluation code (common.py and plumbing/inputs.py), torch, transformers and the device.
-    The file is untrained-<hash of all that>.json in the token cache's folder beside --sts_dir
-    (data/.cache for data/sts), or --cache_dir; None where the model's files cannot be found."""
-    import transformers
-    files = model_files(model)
-    if not files:
-        return None, {}
-    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(sts_dir, t, "test").items()}
-             for t in STS_TASKS}
-    key = {"model_files": {p.name: sha256_file(p) for p in files}, "pooler": pooler, "sts": _digest(pairs),
-           "eval_code": EVAL_CODE, "torch": torch.__version__, "transformers": transformers.__version__,
-           "device": "cuda" if torch.cuda.is_available() else "cpu"}
-    return inputs.default_cache_dir(sts_dir, cache_dir) / f"untrained-{_digest(key)[:32]}.json", key
-
-
-def read_untrained(path: Path, key: dict) -> dict | None:
-    """The figures kept at `path` if they are whole and were computed from `key`; None where there
-    are none; a file that is damaged or computed from something else is said so and not used."""
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        kept = e
-    figures = kept.get("figures") if isinstance(kept, dict) else None
-    whole = (isinstance(figures, dict) and kept.get("sha256") == _digest(figures)
-             and all(isinstance(figures.get(t), dict) and isinstance(figures[t].get("spearman"), float)
-                     for t in STS_TASKS)
-             and all(isinstance(figures.get(k), float) for k in ("avg", "alignment", "uniformity")))
-    if whole and kept.get("key") == key:
-        return figures
-    print(f"note: {path}: {'not from this model, pooler, STS data and code' if whole else 'damaged'}; "
-          f"the untrained row is evaluated again", file=sys.stderr)
-    return None
+    if path and kept_rows.write(path, made_of, figures):
+        return {**row, **figures, "kept_in": str(path), "reused": False}
+    return {**row, **figures}
 
 
 def report(best_dir: Path, args: TrainArgs, kept: dict, write: bool = True) -> None:

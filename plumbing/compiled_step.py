@@ -81,7 +81,8 @@ def sub_batched(encoder: nn.Module, parts: int = SUB_BATCHES) -> nn.Module:
     order (last_hidden_state, hidden_states, pooler_output; zeros past a group's longest row). Exact: a
     BERT or RoBERTa row is encoded from its own tokens under its mask, whatever the rows beside it; only which
     dropout draw a token gets differs. Any other call (eval mode, inputs_embeds, a mask that is not
-    1s then 0s, output_attentions, return_dict, few rows, or little padding to save) runs unchanged.
+    1s then 0s, output_attentions, return_dict, few rows, little padding to save, torch.compile's
+    tracing: a compiled step keeps its static shapes) runs unchanged.
     IFCL calls the layer stack (encoder.encoder) itself, which this leaves as it is."""
     if getattr(encoder.forward, "sub_batched", False):
         return encoder
@@ -89,7 +90,8 @@ def sub_batched(encoder: nn.Module, parts: int = SUB_BATCHES) -> nn.Module:
     def forward(self, input_ids=None, attention_mask=None, **kw):
         plain = functools.partial(type(self).forward, self)       # the class's: a deep copy calls its own
         per_token = {k: v for k, v in kw.items() if k in SPLIT_KWARGS and v is not None}
-        if not (self.training and torch.is_tensor(input_ids) and torch.is_tensor(attention_mask)
+        if torch.compiler.is_compiling() or not (
+                self.training and torch.is_tensor(input_ids) and torch.is_tensor(attention_mask)
                 and input_ids.dim() == 2 and attention_mask.shape == input_ids.shape
                 and all(torch.is_tensor(v) and v.shape == input_ids.shape for v in per_token.values())
                 and set(kw) <= SPLIT_KWARGS | {"output_hidden_states"} and len(input_ids) >= 2 * parts):

