@@ -17,12 +17,13 @@ A module, not a command: `python tools/eval.py` scores a saved encoder with eval
 `python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
 plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
 paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
-token cache), downloads (SimCSE's data on first use), run_folder (the lock, the run's record and
-identity, how a checkpoint is written and read back, stages), atomic_writes, export (a folder
-transformers and sentence-transformers load), compiled_step (torch.compile, CUDA graphs, DDP),
-ranks, progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts
-(signals, from a script's first line to its last) and translation (IFCL's German file). A reader
-of the papers need not open them.
+token cache), kept_rows (the untrained row, evaluated once), downloads (SimCSE's data on first
+use), run_folder (the lock, the run's record and identity, how a checkpoint is written and read
+back, stages), atomic_writes, export (a folder transformers and sentence-transformers load),
+compiled_step (torch.compile, CUDA graphs, DDP; length-sorted sub-batches on a CPU), ranks,
+progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts (signals,
+from a script's first line to its last) and translation (IFCL's German file). A reader of the
+papers need not open them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, export, flags, inputs
+from plumbing import downloads, export, flags, inputs, kept_rows
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
 from plumbing.downloads import in_data as in_data
@@ -357,17 +358,28 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
     evaluation.py: under bf16 a run's STS-B dev and the same weights evaluated again (best/,
     `python tools/eval.py`) differed by up to 0.7 on a GPU."""
     hidden = pooler in ("avg_first_last", "avg_top2")
+    limit = inputs.max_positions(encoder.config, tokenizer)
+    # the Rust tokenizer directly, as tokenize() does (the same ids as tokenizer(...), a third of
+    # the time), each list of sentences once: the dev evaluations encode the same three lists
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.enable_truncation(limit)
+    backend.no_padding()
+    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    tokenized: dict[tuple[str, ...], list[list[int]]] = {}
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def encode(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
         modules = [m for m in (encoder, mlp) if m is not None]
         was_training = encoder.training
         for m in modules:
             m.eval()
         device = next(encoder.parameters()).device
-        limit = inputs.max_positions(encoder.config, tokenizer)
-        ids = tokenizer(clip(sentences, limit), truncation=True, max_length=limit,
-                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        key = tuple(sentences)
+        if key not in tokenized:
+            if len(tokenized) >= 8:
+                tokenized.clear()
+            tokenized[key] = [e.ids for e in encode_batch(clip(sentences, limit))]
+        ids = tokenized[key]
         order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)   # (n, d)
         for s in range(0, len(order), batch_size):
@@ -605,6 +617,10 @@ def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_b
         figures = {t: untrained[t]["spearman"] for t in STS_TASKS if t in untrained}
         sts_rows.insert(0, (untrained["label"], {**figures, "avg": untrained["avg"]}))
     lines.append(format_sts_table(res, sts_rows))
+    if untrained and untrained.get("kept_in"):
+        how = ("kept from an earlier run of the same weights, pooler, STS data and evaluation code:"
+               if untrained.get("reused") else "evaluated now, kept for the next run of this model in")
+        lines.append(f"({untrained['label']}: {how} {untrained['kept_in']})")
     if "alignment" in res:
         beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
                   for label, r in picked if r.split == "test" and "alignment" in r.figures]
@@ -780,8 +796,25 @@ def dev_figures(encode: Encode, sts_dir: str | Path,
 
 
 def final_figures(encode: Encode, sts_dir: str | Path, desc: str) -> dict:
-    """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test."""
+    """What the end of a run records: the 7 STS tasks, and alignment and uniformity on STS-B test
+    (from the embeddings of STS-B test's sentences that the 7 tasks computed: the same list in the
+    same batches, so the same figures as encoding them again)."""
+    encode = remembered(encode)
     return {**evaluate_sts(encode, sts_dir, desc=desc), **alignment_uniformity(encode, sts_dir, desc=desc)}
+
+
+def remembered(encode: Encode) -> Encode:
+    """`encode` that computes each list of sentences once: asked again, the same array."""
+    done: dict[tuple[str, ...], np.ndarray] = {}
+
+    def again(sentences: list[str], on_batch: Callable[[int], Any] = lambda k: None) -> np.ndarray:
+        key = tuple(sentences)
+        if key in done:
+            on_batch(len(sentences))
+        else:
+            done[key] = encode(sentences, on_batch)
+        return done[key]
+    return again
 
 
 # =====================================================================================
@@ -921,14 +954,25 @@ def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[
 
 
 def untrained_figures(args: TrainArgs, pooler: str) -> dict:
-    """final_figures of the untrained --model, read off with the run's pooler, labelled."""
+    """final_figures of the untrained --model, read off with the run's pooler, labelled; kept (plumbing/
+    kept_rows.py) for every later run of the same weights, pooler, STS data and evaluation code, which reads
+    it back: "kept_in" says where, "reused" whether it was read back."""
     # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
     # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
     # random draw, a seed's rather than the encoder's
     name = Path(args.model).name or args.model
     label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
-    return {"label": label, "model": args.model, "pooler": pooler,
-            **final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")}
+    row = {"label": label, "model": args.model, "pooler": pooler}
+    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(args.sts_dir, t).items()}
+             for t in STS_TASKS}
+    made_of = kept_rows.key(args.model, pooler, pairs)
+    path = kept_rows.where(made_of, args.sts_dir, args.cache_dir) if made_of else None
+    if path and (figures := kept_rows.read(path, made_of, STS_TASKS)) is not None:
+        return {**row, **figures, "kept_in": str(path), "reused": True}
+    figures = final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")
+    if path and kept_rows.write(path, made_of, figures):
+        return {**row, **figures, "kept_in": str(path), "reused": False}
+    return {**row, **figures}
 
 
 def report(best_dir: Path, args: TrainArgs, kept: dict, write: bool = True) -> None:

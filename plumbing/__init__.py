@@ -7,6 +7,7 @@ method scripts): a module for each thing it holds.
     flags          argparse from an @dataclass of arg() fields; the flags a run changed, the
                    paper rows they reproduce (select_rows)
     inputs         the files a run is given, read and checked; the token cache
+    kept_rows      the untrained encoder's row, evaluated once for its weights and code
     downloads      SimCSE's data into data/, each file proven whole before it is kept
                    (on first use, or tools/download.py)
     atomic_writes  folders and files written whole or not at all
@@ -14,7 +15,8 @@ method scripts): a module for each thing it holds.
                    commands that use it at the end of a run
     run_folder     the lock, the run's record (its code too) and identity, how last/ and best/
                    are written and read back, verified (train() decides what they keep), stages
-    compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels
+    compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels; on a CPU, the
+                   batch encoded in length-sorted parts
     translation    IFCL's German file, made with a seq2seq model (tools/translate.py), and
                    ifcl.py's one call for it (fraternal_file)
     command_line   every command's end: one line and its exit status

@@ -1,13 +1,18 @@
 """The step made fast behind train_step's one call: torch.compile with CUDA graphs (a few launches a step,
-not hundreds), DDP under torchrun, the fastest attention kernel. What a step computes is unchanged."""
+not hundreds), DDP under torchrun, the fastest attention kernel; on a CPU, the batch encoded in
+length-sorted parts (sub_batched). What a step computes is unchanged, up to floating-point order (and,
+on a CPU, which dropout draws a token gets)."""
 
 from __future__ import annotations
 
+import functools
 import sys
+import types
 from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def attention_kernels():
@@ -66,7 +71,71 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
+SUB_BATCHES = 4      # MiniLM's forward + backward on real wiki1m batches: 1,480 -> 1,205 ms (docs/speed.md)
+SPLIT_KWARGS = {"token_type_ids", "position_ids"}     # per-token inputs, (N, L) like input_ids, cut like it
+
+
+def sub_batched(encoder: nn.Module, parts: int = SUB_BATCHES) -> nn.Module:
+    """`encoder` (a transformers model) whose forward, in training, encodes a right-padded batch as `parts`
+    length-sorted groups of rows, each cut to its own longest row, and pads the outputs back in the rows'
+    order (last_hidden_state, hidden_states, pooler_output; zeros past a group's longest row). Exact: a
+    BERT or RoBERTa row is encoded from its own tokens under its mask, whatever the rows beside it; only which
+    dropout draw a token gets differs. Any other call (eval mode, inputs_embeds, a mask that is not
+    1s then 0s, output_attentions, return_dict, few rows, little padding to save, torch.compile's
+    tracing: a compiled step keeps its static shapes) runs unchanged.
+    IFCL calls the layer stack (encoder.encoder) itself, which this leaves as it is."""
+    if getattr(encoder.forward, "sub_batched", False):
+        return encoder
+
+    def forward(self, input_ids=None, attention_mask=None, **kw):
+        plain = functools.partial(type(self).forward, self)       # the class's: a deep copy calls its own
+        per_token = {k: v for k, v in kw.items() if k in SPLIT_KWARGS and v is not None}
+        if torch.compiler.is_compiling() or not (
+                self.training and torch.is_tensor(input_ids) and torch.is_tensor(attention_mask)
+                and input_ids.dim() == 2 and attention_mask.shape == input_ids.shape
+                and all(torch.is_tensor(v) and v.shape == input_ids.shape for v in per_token.values())
+                and set(kw) <= SPLIT_KWARGS | {"output_hidden_states"} and len(input_ids) >= 2 * parts):
+            return plain(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        n, width = input_ids.shape
+        lengths = attention_mask.sum(1)                                           # (N,)
+        order = torch.argsort(lengths, stable=True)                               # (N,) shortest first
+        groups = order.chunk(parts)
+        widths = [int(lengths[g].max()) for g in groups]
+        right_padded = torch.equal(attention_mask.bool(),
+                                   torch.arange(width, device=lengths.device) < lengths[:, None])
+        if not right_padded or sum(len(g) * w for g, w in zip(groups, widths)) > 0.9 * n * width:
+            return plain(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        outs = [plain(input_ids=input_ids[g, :w], attention_mask=attention_mask[g, :w],
+                      **{**kw, **{k: v[g, :w] for k, v in per_token.items()}})
+                for g, w in zip(groups, widths)]
+        back = torch.empty_like(order)
+        back[order] = torch.arange(n, device=order.device)                        # (N,) sorted -> original
+
+        def rows(parts_: list[torch.Tensor]) -> torch.Tensor:    # (N, width, d) or (N, d) in the rows' order
+            if parts_[0].dim() == 3:
+                parts_ = [F.pad(t, (0, 0, 0, width - t.shape[1])) for t in parts_]
+            return torch.cat(parts_)[back]
+
+        fields = {}
+        for name, value in outs[0].items():
+            if torch.is_tensor(value) and value.dim() in (2, 3):
+                fields[name] = rows([o[name] for o in outs])
+            elif isinstance(value, tuple) and all(torch.is_tensor(v) and v.dim() == 3 for v in value):
+                fields[name] = tuple(rows(list(layer)) for layer in zip(*(o[name] for o in outs)))
+            else:                                                  # an output this does not know how to join
+                return plain(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        return type(outs[0])(**fields)
+
+    forward.sub_batched = True
+    encoder.forward = types.MethodType(forward, encoder)
+    return encoder
+
+
 def compiled_forward(model: nn.Module, device: torch.device, compile: bool, world_size: int) -> Callable:
-    """model(batch) as train() calls it: DDP over several processes, compiled on a GPU unless --no-compile."""
+    """model(batch) as train() calls it: DDP over several processes, compiled on a GPU unless --no-compile;
+    on a CPU the encoder's batches in length-sorted parts (sub_batched). On a GPU every batch keeps the
+    compiled step's static shape."""
+    if device.type == "cpu" and hasattr(getattr(model, "encoder", None), "config"):
+        sub_batched(model.encoder)
     net = wrap_ddp(model, device) if world_size > 1 else model
     return CompiledModel(net, device, world_size) if compile and device.type == "cuda" else net

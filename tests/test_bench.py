@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -51,3 +52,26 @@ def test_flops_formula_bert_base():
     f = bench.forward_flops_per_token(cfg, 32)
     # 12 layers x 7,087,872 weights; embeddings and the pooler (one token a sentence) not counted
     assert f == 2 * 85_054_464 + 4 * 12 * 32 * 768
+
+
+def test_bench_run_times_a_runs_phases(tmp_path, tiny_bert, corpus, small_sts):
+    """`python tools/bench_run.py simcse.py ...`: the run as typed, each phase's seconds and the total
+    on stderr, one JSON line with --json; the second run reads the untrained row back."""
+    argv = [sys.executable, str(ROOT / "tools" / "bench_run.py"), "--json", str(tmp_path / "t.jsonl"),
+            "simcse.py", "--model", str(tiny_bert), "--data", str(corpus), "--sts_dir", str(small_sts),
+            "--max_steps", "2", "--eval_every", "1", "--batch_size", "8", "--eval_untrained",
+            "--cache_dir", str(tmp_path / "cache")]
+    for k in (1, 2):
+        r = subprocess.run([*argv, "--output_dir", str(tmp_path / f"run{k}")], capture_output=True, text=True,
+                           timeout=300, env=cpu_env(), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert (tmp_path / f"run{k}" / "best" / "test_metrics.json").is_file()
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    phases = ["start-up", "tokenising", "loading the encoder", "training steps", "dev evaluations",
+              "checkpoints", "final evaluation", "untrained row", "other"]
+    assert all(line["exit"] == 0 and all(line[p] >= 0 for p in phases[:-1]) for line in lines)
+    assert all(abs(sum(line[p] for p in phases) - line["total"]) < 1e-6 for line in lines)
+    assert lines[0]["training steps"] > 0 and lines[0]["dev evaluations"] > 0
+    assert lines[1]["untrained row"] < lines[0]["untrained row"]          # read back, not evaluated
+    assert all(re.search(rf"^{p} +\d+\.\d +\d+%$", r.stderr, re.M) for p in phases)
+    assert "kept from an earlier run" in r.stdout

@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
-from plumbing import atomic_writes, errors, export, inputs, run_folder
+from plumbing import atomic_writes, errors, export, inputs, kept_rows, run_folder
 
 # ------------------------------------------------------------------ flags
 
@@ -537,3 +537,127 @@ def test_the_house_has_no_import_circle():
         return seen
     circles = [n for n in graph if n in reach(n, set())]
     assert circles == [], graph
+
+
+# ------------------------------------------------------------- evaluation done once; the untrained row kept
+
+def _encode_as_at_664f320(encoder, tokenizer, pooler: str, batch_size: int = 128):
+    """make_encode as it was before it tokenised with the Rust tokenizer and each list once."""
+    @torch.no_grad()
+    def encode(sentences, on_batch=lambda k: None):
+        encoder.eval()
+        limit = inputs.max_positions(encoder.config, tokenizer)
+        ids = tokenizer(common.clip(sentences, limit), truncation=True, max_length=limit,
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        order = np.argsort([len(x) for x in ids], kind="stable")
+        out = np.zeros((len(sentences), encoder.config.hidden_size), np.float32)
+        for s in range(0, len(order), batch_size):
+            rows = order[s:s + batch_size]
+            batch = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+            out[rows] = common.pool(encoder(**batch), batch["attention_mask"], pooler).numpy()
+        return out
+    return encode
+
+
+def _counting(encode, counts: list):
+    def counted(sentences, on_batch=lambda k: None):
+        counts.append(len(sentences))
+        return encode(sentences, on_batch)
+    return counted
+
+
+def test_encode_gives_the_earlier_path_embeddings_bit_for_bit(tiny_bert, small_sts):
+    """The Rust tokenizer called directly gives tokenizer(...)'s ids, and the embeddings are those of
+    the path before it, to the bit; asked twice, the same list is tokenised once."""
+    tok, enc = common.load_encoder(str(tiny_bert))
+    a, b, _ = common.load_sts_pairs(small_sts, "STSBenchmark", "test")["test"]
+    sents = sorted(set(a) | set(b)) + ["x " * 3000, "ünïcödé ﬁ  spaces\there", ""]
+    new = common.make_encode(enc, tok, "avg", batch_size=16)
+    assert np.array_equal(new(sents), _encode_as_at_664f320(enc, tok, "avg", 16)(sents))
+    assert np.array_equal(new(sents), new(sents))
+
+
+def test_final_figures_encode_sts_b_test_once_with_the_same_figures(tiny_bert, small_sts):
+    """Alignment and uniformity read the STS-B test embeddings the 7 tasks computed: the figures
+    are those of encoding them again, to the bit, and STS-B test is encoded once."""
+    tok, enc = common.load_encoder(str(tiny_bert))
+    encode = common.make_encode(enc, tok, "cls_before_pooler")
+    old = {**common.evaluate_sts(encode, small_sts), **common.alignment_uniformity(encode, small_sts)}
+    counts = []
+    new = common.final_figures(_counting(encode, counts), small_sts, "final")
+    assert new == old
+    a, b, _ = common.load_sts_pairs(small_sts, "STSBenchmark", "test")["test"]
+    assert len(counts) == 7 and sum(counts) == sum(
+        len({s for x, y, _ in common.load_sts_pairs(small_sts, t, "test").values() for s in x + y})
+        for t in common.STS_TASKS)
+
+
+def _untrained(model, sts, cache, pooler="avg"):
+    import types
+    return common.untrained_figures(types.SimpleNamespace(model=str(model), sts_dir=str(sts),
+                                                          cache_dir=str(cache)), pooler)
+
+
+@pytest.fixture
+def evaluations(monkeypatch):
+    """How many times the untrained encoder was evaluated (final_figures called)."""
+    calls = []
+    real = common.final_figures
+    monkeypatch.setattr(common, "final_figures", lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+def test_the_untrained_row_is_kept_and_reused_by_the_weights_not_the_name(tiny_bert, small_sts, tmp_path,
+                                                                        evaluations, capsys):
+    first = _untrained(tiny_bert, small_sts, tmp_path / "c")
+    kept = Path(first["kept_in"])
+    assert kept.parent == tmp_path / "c" and kept.name.startswith("untrained-") and not first["reused"]
+    copy = tmp_path / "elsewhere" / "renamed"          # the same files under another name: reused
+    import shutil
+    shutil.copytree(tiny_bert, copy)
+    again = _untrained(copy, small_sts, tmp_path / "c")
+    assert len(evaluations) == 1 and again["reused"] and again["kept_in"] == str(kept)
+    assert {k: again[k] for k in (*common.STS_TASKS, "avg", "alignment", "uniformity")} == \
+        {k: first[k] for k in (*common.STS_TASKS, "avg", "alignment", "uniformity")}
+    assert again["model"] == str(copy) and again["label"] == "untrained renamed [avg]"
+    shown = common.paper_report(first, [], "", None, again)
+    assert f"(untrained renamed [avg]: kept from an earlier run of the same weights, pooler, STS data and " \
+           f"evaluation code: {kept})" in shown
+    assert "evaluated now, kept for the next run of this model in" in common.paper_report(first, [], "", None,
+                                                                                           first)
+
+
+def test_the_untrained_row_is_evaluated_again_when_what_made_it_differs(tiny_bert, small_sts, tmp_path,
+                                                                       evaluations, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    _untrained(tiny_bert, small_sts, tmp_path / "c")
+    assert _untrained(tiny_bert, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 1
+    assert not _untrained(tiny_bert, small_sts, tmp_path / "c", pooler="cls_before_pooler")["reused"]
+    assert len(evaluations) == 2
+    other = tmp_path / "other"                          # one weight changed, the name kept
+    shutil.copytree(tiny_bert, other)
+    weights = load_file(other / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1e-3
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    assert not _untrained(other, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 3
+    monkeypatch.setattr(kept_rows, "EVAL_CODE", "an edited common.py")
+    assert not _untrained(tiny_bert, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a figure changed", "not json", "a list"])
+def test_a_damaged_kept_row_is_evaluated_again_never_trusted(tiny_bert, small_sts, tmp_path, evaluations,
+                                                            capsys, damage):
+    first = _untrained(tiny_bert, small_sts, tmp_path / "c")
+    path = Path(first["kept_in"])
+    text = path.read_text()
+    path.write_text({"truncated": text[:len(text) // 2],
+                     "a figure changed": text.replace(f'"avg": {first["avg"]!r}', '"avg": 99.0'),
+                     "not json": "\x00\xff garbage", "a list": "[1, 2]"}[damage])
+    assert path.read_text() != text
+    again = _untrained(tiny_bert, small_sts, tmp_path / "c")
+    assert len(evaluations) == 2 and not again["reused"] and again["avg"] == first["avg"]
+    assert f"note: {path}: damaged; the untrained row is evaluated again" in capsys.readouterr().err
+    assert json.loads(path.read_text()) == json.loads(text)           # written whole again

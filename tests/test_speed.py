@@ -359,3 +359,84 @@ def test_torchrun_two_processes_trains_end_to_end(case, request, tmp_path, tiny_
         assert r.stderr.count("translated 48 sentences") == 1
         assert [p.name for p in (tmp_path / "cache").glob("en.de.*")] == \
             [json.loads((out / "args.json").read_text())["fraternal_data"].split("/")[-1]]
+
+
+# ------------------------------------------------------------------ length-sorted sub-batches (CPU)
+
+def _ragged(n: int = 24, width: int = 20, seed: int = 0, types: bool = False) -> dict:
+    """A right-padded batch whose rows' lengths range from 2 to `width` (one row at full width)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (n,), generator=g)
+    lengths[0] = width
+    mask = (torch.arange(width)[None] < lengths[:, None]).long()
+    ids = torch.randint(5, 1000, (n, width), generator=g) * mask
+    out = {"input_ids": ids, "attention_mask": mask}
+    if types:
+        out["token_type_ids"] = (torch.arange(width)[None] >= lengths[:, None] // 2).long() * mask
+    return out
+
+
+@pytest.mark.parametrize("types", [False, True])
+def test_sub_batches_give_the_padded_batch_rows_and_loss(types):
+    """With dropout off (the same masks: none), the encoder in length-sorted parts gives the padded
+    batch's last layer, hidden states and pooler output on every real token, and SimCSE's loss and
+    gradients, within float tolerance."""
+    import copy
+    model = _tiny_simcse(dropout=0.0).train()
+    sub = copy.deepcopy(model)
+    compiled_step.sub_batched(sub.encoder)
+    x = _ragged(types=types)
+    mask = x["attention_mask"].bool()
+    ref = model.encoder(**x, output_hidden_states=True)
+    got = sub.encoder(**x, output_hidden_states=True)
+    assert torch.allclose(got.last_hidden_state[mask], ref.last_hidden_state[mask], atol=1e-5)
+    assert len(got.hidden_states) == len(ref.hidden_states)
+    for h_got, h_ref in zip(got.hidden_states, ref.hidden_states):
+        assert torch.allclose(h_got[mask], h_ref[mask], atol=1e-5)
+    assert torch.allclose(got.pooler_output, ref.pooler_output, atol=1e-5)
+    batch = {"text": {k: v for k, v in x.items() if k != "token_type_ids"}}
+    loss_ref, loss_got = model(batch), sub(batch)
+    assert torch.allclose(loss_got, loss_ref, atol=1e-5)
+    loss_ref.backward()
+    loss_got.backward()
+    for (name, p_ref), p_got in zip(model.named_parameters(), sub.parameters()):
+        if p_ref.grad is not None:
+            assert torch.allclose(p_got.grad, p_ref.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_sub_batches_split_the_forward_and_leave_every_other_call_as_it_is(monkeypatch):
+    """In training, 4 forwards over rows of similar length, each cut to its longest row; in eval
+    mode, with few rows, little padding, left padding or inputs_embeds: the plain forward, to the bit."""
+    model = _tiny_simcse(dropout=0.0)
+    enc = compiled_step.sub_batched(model.encoder)
+    widths = []
+    plain = type(enc).forward
+    def counted(self, **kw):
+        widths.append(kw["input_ids" if kw.get("input_ids") is not None else "inputs_embeds"].shape[:2])
+        return plain(self, **kw)
+    monkeypatch.setattr(type(enc), "forward", counted)
+    x = _ragged()
+    enc.train()
+    enc(**x)
+    assert len(widths) == 4 and sum(n for n, _ in widths) == 24 and max(w for _, w in widths) == 20
+    assert [w for _, w in widths] == sorted(w for _, w in widths) and widths[0][1] < 20
+    left = {"input_ids": x["input_ids"].flip(1), "attention_mask": x["attention_mask"].flip(1)}
+    full = {k: v[:, :2] for k, v in x.items()}                       # every row 2 tokens: nothing to save
+    embeds = {"inputs_embeds": enc.embeddings.word_embeddings(x["input_ids"]),
+              "attention_mask": x["attention_mask"]}
+    for mode, call in [("eval", x), ("train", {k: v[:7] for k, v in x.items()}), ("train", left),
+                       ("train", full), ("train", embeds)]:
+        enc.train(mode == "train")
+        widths.clear()
+        got = enc(**call).last_hidden_state
+        assert len(widths) == 1, mode
+        assert torch.equal(got, plain(enc, **call).last_hidden_state)
+
+
+def test_the_cpu_step_encodes_in_sub_batches_and_a_gpu_step_does_not():
+    model = _tiny_simcse()
+    assert common.compiled_forward(model, torch.device("cpu"), True, 1) is model
+    assert getattr(model.encoder.forward, "sub_batched", False)
+    other = _tiny_simcse()
+    forward = common.compiled_forward(other, torch.device("cuda"), False, 1)
+    assert forward is other and not getattr(other.encoder.forward, "sub_batched", False)

@@ -1,0 +1,88 @@
+"""The untrained encoder's row (--eval_untrained), evaluated once and read back by every later run of it.
+
+- Keyed by what made the figures, never by a name (key): the SHA-256 of each of the model's files, the
+  pooler, the STS pairs as read, the evaluation code as this process read it (common.py, inputs.py),
+  torch, transformers and the device. Any of them changed: another file, evaluated again.
+- Where: untrained-<hash of the key>.json in the token cache's folder beside --sts_dir (data/.cache for
+  data/sts), or --cache_dir (where).
+- Written whole or not at all (write); believed only whole, with its checksum and key (read): a damaged
+  or foreign file is said so and evaluated again, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from plumbing.atomic_writes import sha256_file, write_text_atomic
+from plumbing.inputs import default_cache_dir
+
+HERE = Path(__file__).resolve().parents[1]
+EVAL_CODE = hashlib.sha256((HERE / "common.py").read_bytes() + (HERE / "plumbing" / "inputs.py").read_bytes()
+                           ).hexdigest()
+MODEL_FILES = (".json", ".safetensors", ".bin", ".txt", ".model")    # weights, config, tokenizer
+
+
+def digest(x: Any) -> str:
+    return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()
+
+
+def model_files(model: str) -> list[Path]:
+    """The files a model loads from, in its folder or the Hugging Face cache; [] where none is at hand."""
+    folder = Path(model)
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+        found = try_to_load_from_cache(model, "config.json")
+        if not isinstance(found, str):
+            return []
+        folder = Path(found).parent
+    return sorted(p for p in folder.iterdir() if p.suffix in MODEL_FILES and p.is_file())
+
+
+def key(model: str, pooler: str, pairs: Any) -> dict | None:
+    import torch
+    import transformers
+    files = model_files(model)
+    if not files:
+        return None
+    return {"model_files": {p.name: sha256_file(p) for p in files}, "pooler": pooler, "sts": digest(pairs),
+            "eval_code": EVAL_CODE, "torch": torch.__version__, "transformers": transformers.__version__,
+            "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def where(made_of: dict, sts_dir: str | Path, cache_dir: str = "") -> Path:
+    return default_cache_dir(sts_dir, cache_dir) / f"untrained-{digest(made_of)[:32]}.json"
+
+
+def read(path: Path, made_of: dict, tasks: list[str]) -> dict | None:
+    """The figures kept at `path` if whole and made of `made_of`; None where none are (said if damaged)."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        kept = e
+    figures = kept.get("figures") if isinstance(kept, dict) else None
+    whole = (isinstance(figures, dict) and kept.get("sha256") == digest(figures)
+             and all(isinstance(figures.get(t), dict) and isinstance(figures[t].get("spearman"), float)
+                     for t in tasks)
+             and all(isinstance(figures.get(k), float) for k in ("avg", "alignment", "uniformity")))
+    if whole and kept.get("key") == made_of:
+        return figures
+    print(f"note: {path}: {'made of other files or code' if whole else 'damaged'}; the untrained row is "
+          f"evaluated again", file=sys.stderr)
+    return None
+
+
+def write(path: Path, made_of: dict, figures: dict) -> bool:
+    """Keep `figures` at `path`; False where it cannot be written (a cache: evaluated again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"key": made_of, "figures": figures, "sha256": digest(figures)},
+                                           sort_keys=True) + "\n")
+    except OSError:
+        return False
+    return True
