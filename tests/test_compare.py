@@ -474,7 +474,7 @@ def test_a_difference_within_the_seed_spread_says_so(tmp_path, capsys):
     compare([*rows["a"], *rows["b"], *rows["c"]])
     out = [x for x in capsys.readouterr().out.splitlines() if "seed noise" in x]
     spread = ("two seeds of simcse.py ended 0.24 apart on the laptop testbed (seed 42: 75.67, README.md's "
-              "first run; seeds 1 and 2: 75.43 ± 0.00, docs/results.md)")
+              "results table; seeds 1 and 2: 75.43 ± 0.00, docs/results.md)")
     assert out == [f"within seed noise: simcse.py tau=0.1 [cls_before_pooler] against simcse.py tau=0.05 "
                    f"[cls_before_pooler]: +0.10 on the average, less than {spread}",
                    f"within seed noise: simcse.py tau=0.2 [cls_before_pooler] against simcse.py tau=0.1 "
@@ -499,7 +499,7 @@ def test_the_seed_spreads_are_the_figures_the_docs_print():
         quoted = re.findall(r"(\d+\.\d\d) ± (\d\.\d\d)", where)
         assert quoted and all(f"{mean} ± {std}" in testbed for mean, std in quoted), script
         if script == "simcse.py":
-            assert "75.67" in readme and "seed 42" in readme and "README.md" in where
+            assert "seed 42: 75.67" in readme and "README.md" in where
             assert spread == pytest.approx(75.67 - float(quoted[0][0]))
         else:
             assert spread == round(max(float(std) for _, std in quoted) * 2 ** 0.5, 2), script

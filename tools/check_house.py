@@ -134,17 +134,25 @@ def common_reads_top_down(root: Path) -> list[str]:
     return wrong + long_lines("common.py", lines)
 
 
+# plumbing/'s cap: 2,200 lines while it kept the record, the lock, checkpoints, downloads and the step;
+# 2,580 since it keeps the code that ran (code_record.py, and IFCL's German file in a run's identity),
+# the untrained row (kept_rows.py) and the CPU step's length-sorted sub-batches (compiled_step.py).
+# What pays those lines back is a decision of scope (which guarantees a student's machine needs),
+# not packing: raise it only with a guarantee, and say which.
+PLUMBING_CAP = 2580
+
+
 def plumbing_stays_small(root: Path) -> list[str]:
     """plumbing/ holds what keeps a run safe and fast, a module a concern, and no more: at most
-    2,200 lines in all (it grew to 2,495 in one round), no line over 110 columns."""
+    PLUMBING_CAP lines in all (it grew to 2,495 in one round), no line over 110 columns."""
     files = {f"plumbing/{p.name}": p.read_text(encoding="utf-8").splitlines()
              for p in sorted((root / "plumbing").glob("*.py"))}
     total = sum(map(len, files.values()))
     wrong = []
-    if total > 2200:
+    if total > PLUMBING_CAP:
         biggest = ", ".join(f"{name} {len(text)}"
                             for name, text in sorted(files.items(), key=lambda item: -len(item[1])))
-        wrong.append(f"plumbing/: at most 2200 lines in all (it has {total}: {biggest})")
+        wrong.append(f"plumbing/: at most {PLUMBING_CAP} lines in all (it has {total}: {biggest})")
     return wrong + [line for name, text in files.items() for line in long_lines(name, text)]
 
 

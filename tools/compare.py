@@ -93,7 +93,7 @@ DIFF_HINT = "What differs: `python tools/compare.py RUN_A RUN_B --code_diff`."
 # for each script on the laptop testbed (all-MiniLM-L6-v2, 40 steps at batch 64, raw [CLS]), and
 # the printed figures it comes from. Two seeds whose sample std is s are s * sqrt(2) apart.
 SEED_SPREAD = {
-    "simcse.py": (0.24, "seed 42: 75.67, README.md's first run; seeds 1 and 2: 75.43 ± 0.00, "
+    "simcse.py": (0.24, "seed 42: 75.67, README.md's results table; seeds 1 and 2: 75.43 ± 0.00, "
                   "docs/results.md"),
     "focal_infonce.py": (0.07, "seeds 1 and 2: 75.80 ± 0.05 and, --no-modulate, 75.31 ± 0.05, "
                          "docs/results.md"),
