@@ -1098,8 +1098,12 @@ sys.argv = [{str(ROOT / "simcse.py")!r}, *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """)
     env = cpu_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")           # two ranks: gloo on the CPU
+    # the launcher looks at its workers every 2 s, not every 0.1 s: a rank that lost its peer then meets
+    # the lost peer in its next collective (and says so) before the launcher ends it; at 0.1 s the two
+    # race, and the rank may be ended first, its line unsaid (the launcher's own report says why)
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node", "2", str(wrapper), *argv], env=env,
+                             "--monitor-interval", "2", "--nproc_per_node", "2", str(wrapper), *argv],
+                            env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
