@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_run_record import _clone, _run
 
 import common
 import ifcl
@@ -28,16 +28,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LOSS_LINE = "    return F.cross_entropy(sim / tau, labels)"                 # simcse_loss's last line
 
 
-def _clone(tmp_path: Path) -> Path:
-    """The scripts, common.py and plumbing/ in a folder of their own: a student's copy to edit."""
-    clone = tmp_path / "clone"
-    clone.mkdir()
-    for p in ROOT.glob("*.py"):
-        shutil.copy(p, clone / p.name)
-    shutil.copytree(ROOT / "plumbing", clone / "plumbing", ignore=shutil.ignore_patterns("__pycache__"))
-    return clone
-
-
 def _argv(tiny_bert: Path, data: Path, sts: Path, tmp_path: Path, *extra: str) -> list[str]:
     return ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(sts), "--cache_dir",
             str(tmp_path / "cache"), "--batch_size", "8", "--max_steps", "2", "--eval_every", "2", *extra]
@@ -45,20 +35,6 @@ def _argv(tiny_bert: Path, data: Path, sts: Path, tmp_path: Path, *extra: str) -
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _run(argv: list[str], capsys, main=simcse.main) -> tuple[int, str]:
-    """main under common.run_main, as `python simcse.py ARGV` runs it: (exit status, stderr)."""
-    handler = signal.getsignal(signal.SIGTERM)
-    capsys.readouterr()
-    code = 0
-    try:
-        common.run_main(main, argv)
-    except SystemExit as e:
-        code = e.code
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-    return code, capsys.readouterr().err
 
 
 def test_an_edit_saved_while_a_run_starts_is_not_recorded_as_what_ran(tmp_path, tiny_bert, data, small_sts):
