@@ -25,7 +25,7 @@ docs/conisi.md: the paper's rows, each with its command; where the code departs 
 
 from __future__ import annotations
 
-import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
 import random
 import re

@@ -24,7 +24,7 @@ paper; alignment and uniformity beside Tab. 3; DDP; the measured numbers (a Mini
 
 from __future__ import annotations
 
-import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
 from dataclasses import dataclass
 

@@ -26,7 +26,7 @@ from the paper; what metrics.jsonl shows; DDP; the measured numbers (a MiniLM te
 
 from __future__ import annotations
 
-import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
 import math
 import sys

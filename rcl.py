@@ -28,7 +28,7 @@ testbed, the unsupervised form).
 
 from __future__ import annotations
 
-import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
 import dataclasses
 import math

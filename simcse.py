@@ -23,7 +23,7 @@ the paper's numbers beside yours at the end of a run).
 
 from __future__ import annotations
 
-import plumbing.interrupts  # first: a Ctrl-C or SIGTERM during the slow imports below ends in one line
+import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
 import math
 import sys
