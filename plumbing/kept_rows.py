@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from plumbing import code_record
 from plumbing.atomic_writes import sha256_file, write_text_atomic
 from plumbing.inputs import default_cache_dir
 
-HERE = Path(__file__).resolve().parents[1]
-EVAL_CODE = hashlib.sha256((HERE / "common.py").read_bytes() + (HERE / "plumbing" / "inputs.py").read_bytes()
-                           ).hexdigest()
+# the evaluation code: the bytes this process runs (code_record), not the files as they are now
+EVAL_CODE = hashlib.sha256(b"".join(code_record.ran(code_record.HERE / f)
+                                    for f in ("common.py", "plumbing/inputs.py"))).hexdigest()
 MODEL_FILES = (".json", ".safetensors", ".bin", ".txt", ".model")    # weights, config, tokenizer
 
 
