@@ -6,62 +6,55 @@ heads, its paper's rows.
     Data             the training file, tokenised once into integer arrays, batches
     Models           load_encoder, SimCSE's MLP and poolers, fp32 for the losses, make_encode
     STS evaluation   evaluate_sts as SimCSE's SentEval computes it; alignment and uniformity
-    The paper's rows PaperRow, paper_report: the published rows a run's flags reproduce
-    Distributed      gather: under torchrun every loss sees the global batch
-    Start-up         start: every flag and file checked before anything is written
-    The loop's parts the seed, the log's running means, what an evaluation records
+    The paper's rows PaperRow: the published rows a run's flags reproduce
+    Start-up         start: the run folder, every flag and file checked first; the seed
+    The loop's parts what an evaluation records: STS-B dev, the final figures
     The step         train_step: forward, backward, clip, AdamW, schedule
     The loop         train: batch, step, log, evaluate, checkpoint; the final report
 
-A module, not a command: `python tools/eval.py` scores a saved encoder with evaluate_sts, and
-`python tools/download.py` fetches SimCSE's data. What keeps a run safe and fast comes from
-plumbing/, a module for each thing it holds: flags (argparse from the Args dataclasses; which
-paper rows a run's flags reproduce, select_rows), inputs (the files a run is given, checked; the
-token cache), kept_rows (the untrained row, evaluated once), downloads (SimCSE's data on first
-use), run_folder (the lock, the run's record and identity, how a checkpoint is written and read
-back, stages), atomic_writes, export (a folder transformers and sentence-transformers load),
-compiled_step (torch.compile, CUDA graphs, DDP; length-sorted sub-batches on a CPU), ranks,
-progress (bars), errors (the one-line errors), command_line (exit statuses), interrupts (signals,
-from a script's first line to its last) and translation (IFCL's German file). A reader of the
-papers need not open them.
+Under torchrun a loss sees the global batch: gather(x), every rank's rows (plumbing/ranks.py).
+A module, not a command: `python tools/eval.py` scores a saved encoder with evaluate_sts. What keeps a
+run safe and fast (the run folder and its checkpoints, the checks before a run starts, the report at its
+end, downloads, the compiled step, signals) comes from plumbing/, a module for each thing it holds
+(plumbing/__init__.py lists them). A reader of the papers need not open them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import functools
-import json
 import math
-import os
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 # `x as x`: a name the scripts and tools take from here though common.py itself does not call it
-from plumbing import downloads, export, flags, inputs, kept_rows
+from plumbing import checkpoint, flags, inputs, report
+from plumbing import start as starting
 from plumbing.command_line import run_main as run_main
 from plumbing.compiled_step import compiled_forward
 from plumbing.downloads import in_data as in_data
-from plumbing.errors import NothingToDo, UserError
+from plumbing.errors import UserError
 from plumbing.flags import NOT_TRAINING as NOT_TRAINING
-from plumbing.flags import arg, select_rows
+from plumbing.flags import arg
 from plumbing.flags import parse_args as parse_args
-from plumbing.inputs import default_cache_dir, encoder_positions, read_sentences
-from plumbing.progress import progress
-from plumbing.ranks import barrier, world
-from plumbing.run_folder import RunFolder, write_json
+from plumbing.inputs import default_cache_dir
+from plumbing.inputs import encoder_positions as encoder_positions
+from plumbing.progress import Meter, progress
+from plumbing.ranks import barrier, local_rows, world
+from plumbing.ranks import gather as gather
+from plumbing.run_folder import RunFolder
+from plumbing.sts_data import STS_SUBSETS as STS_SUBSETS
+from plumbing.sts_data import STS_TASKS, TASK_SHORT, load_sts_pairs
+from plumbing.tokens import Tokens, clip, token_ids, tokenize
 
 # =====================================================================================
 # Flags: one @dataclass Args per script becomes argparse flags with help and source
@@ -112,8 +105,8 @@ class TrainArgs:
 
     def check(self) -> None:
         """What parse_args (ranges, rules()) leaves of the flags on their own, before any file is
-        read: a budget to train. common.start then checks the files and the encoder, and names the
-        run folder (RunFolder.named)."""
+        read: a budget to train. common.start then checks the files and the encoder, and opens the
+        run folder (plumbing/start.py)."""
         if self.epochs == 0 and self.max_steps == 0:
             raise UserError("--epochs 0: train at least one epoch, or give --max_steps N to train "
                             "N steps whatever the epochs.")
@@ -135,71 +128,11 @@ def load_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]
     """{'text': [...]} for a text file (one sentence a line, UTF-8, blank lines skipped), or
     {'sent0', 'sent1'[, 'hard_neg']} for SimCSE's supervised CSV (a header sent0,sent1[,hard_neg];
     incomplete rows skipped). Read once; a problem is named with its line (plumbing/inputs.py)."""
-    if str(path).lower().endswith(".csv"):
-        return dict(inputs.read_csv_columns(path, flag))
-    return {"text": read_sentences(path, flag)}
+    return inputs.read_columns(path, flag)
 
 
-def data_rows(path: str | Path) -> int:
-    """Examples in --data: its sentences, or its CSV rows."""
-    return len(next(iter(load_columns(path).values())))
-
-
-@dataclass
-class Tokens:
-    """Token ids of n sentences, right-padded to max_len in one compact integer array."""
-    ids: np.ndarray      # (n, max_len) uint16 or int32
-    lengths: np.ndarray  # (n,) int32, tokens per sentence (specials included)
-    pad_id: int
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def batch(self, idx: np.ndarray, pad_to: int | None = None) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask of rows `idx`, padded to the longest or to `pad_to`."""
-        width = pad_to or int(self.lengths[idx].max())
-        ids = torch.from_numpy(self.ids[idx, :width].astype(np.int64))      # (B, L)
-        mask = torch.arange(width)[None, :] < torch.from_numpy(self.lengths[idx].astype(np.int64))[:, None]
-        return {"input_ids": ids, "attention_mask": mask.long()}           # (B, L), (B, L)
-
-
-# A token covers a few characters: a line is cut to CHARS_PER_TOKEN characters a token the model
-# keeps before it is tokenised, so that one huge line costs no more memory than a long one. What is
-# kept is the same unless a line's tokens average more than that many characters.
-CHARS_PER_TOKEN = 64
-
-
-def clip(texts: list[str], tokens: int) -> list[str]:
-    return [t[:CHARS_PER_TOKEN * tokens] for t in texts]
-
-
-def token_ids(tokenizer, max_len: int) -> Callable[[list[str]], list]:
-    """encode_batch(texts) -> encodings (.ids), cut at max_len, unpadded: the Rust tokenizer (a copy)
-    directly, on both cores, without the offsets and dicts that cost a third of the time at 1M lines."""
-    backend = copy.deepcopy(tokenizer.backend_tokenizer)
-    backend.enable_truncation(max_len)
-    backend.no_padding()
-    return getattr(backend, "encode_batch_fast", backend.encode_batch)
-
-
-def tokenize(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path | None = None,
-             desc: str = "tokenizing") -> Tokens:
-    """Tokenise once, before training, into a (n, max_len) array, kept in `cache_dir` for the
-    next run on the same texts and tokenizer."""
-    cache = inputs.token_cache(tokenizer, texts, max_len, cache_dir)
-    if (kept := inputs.load_tokens(cache)) is not None:
-        return Tokens(*kept)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = np.full((len(texts), max_len), pad_id, dtype=np.uint16 if len(tokenizer) < 65536 else np.int32)
-    lengths = np.zeros(len(texts), dtype=np.int32)
-    encode_batch = token_ids(tokenizer, max_len)
-    with progress(total=len(texts), desc=desc, unit="sent", disable=len(texts) < 50000) as bar:
-        for s in range(0, len(texts), 20000):
-            for j, e in enumerate(encode_batch(clip(texts[s:s + 20000], max_len)), start=s):
-                ids[j, :len(e.ids)], lengths[j] = e.ids, len(e.ids)
-            bar.update(min(20000, len(texts) - s))
-    inputs.save_tokens(cache, ids, lengths, pad_id)
-    return Tokens(ids, lengths, pad_id)
+# tokenize(tokenizer, texts, max_len, cache_dir) -> Tokens: the texts as one (n, max_len) array of token
+# ids, tokenised once and cached for the next run (plumbing/tokens.py); Tokens.batch(rows) cuts a batch
 
 
 def tokenize_columns(args: Any, tokenizer, columns: dict[str, list[str]],
@@ -401,56 +334,8 @@ def make_encode(encoder: nn.Module, tokenizer, pooler: str, mlp: nn.Module | Non
 # STS evaluation, as SimCSE's fork of SentEval computes it
 # =====================================================================================
 
-STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
-
-
-STS_SUBSETS = {
-    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
-    "STS13": ["FNWN", "headlines", "OnWN"],
-    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
-    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
-    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
-}
-
-
-TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
-              "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-
-
-def _norm(s: str) -> str:
-    # SentEval splits on whitespace and joins again: the files are already tokenised, and a
-    # sentence is neither lowercased nor cut to the training max_len (only, as clip() does, to what
-    # no encoder's positions reach: one huge line costs no more memory than a long one)
-    return " ".join(s[:CHARS_PER_TOKEN * 4096].split())
-
-
-def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:
-    """{subset: (sent1 list, sent2 list, gold array)} of one task, as SentEval's readers parse it."""
-    d = Path(data_dir)
-    if task in STS_SUBSETS:
-        out = {}
-        for sub in STS_SUBSETS[task]:
-            inp, gs = (d / "STS" / f"STS{task[3:]}-en-test" / f"STS.{k}.{sub}.txt" for k in ("input", "gs"))
-            pairs = [line.split("\t") for line in inp.read_text(encoding="utf-8").splitlines()]
-            gold = gs.read_text(encoding="utf-8").splitlines()
-            if len(pairs) != len(gold) or any(len(p) != 2 for p in pairs):
-                raise UserError(f"{inp}: expected one tab-separated pair per gold line of {gs}")
-            # a pair whose gold line is empty is dropped (STS13-16 leave some pairs unscored)
-            keep = [i for i, g in enumerate(gold) if g != ""]
-            out[sub] = ([_norm(pairs[i][0]) for i in keep], [_norm(pairs[i][1]) for i in keep],
-                        np.array([float(gold[i]) for i in keep]))
-        return out
-    if task == "STSBenchmark":   # no header; gold in column 4, the sentences in columns 5 and 6
-        path, skip, cols = d / "STS" / "STSBenchmark" / f"sts-{split}.csv", 0, (5, 6, 4)
-    elif task == "SICKRelatedness":   # a header; the sentences in columns 1 and 2, gold in column 3
-        name = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]
-        path, skip, cols = d / "SICK" / name, 1, (1, 2, 3)
-    else:
-        raise ValueError(f"unknown STS task {task!r}; one of {STS_TASKS}")
-    rows = [line.strip().split("\t") for line in path.read_text(encoding="utf-8").splitlines()[skip:]]
-    a, b, g = cols
-    return {split: ([_norm(r[a]) for r in rows], [_norm(r[b]) for r in rows],
-                    np.array([float(r[g]) for r in rows]))}
+# SentEval's tasks, their subsets and their pairs as its readers parse them (load_sts_pairs: a pair
+# without a gold score dropped, a sentence's whitespace normalised) are plumbing/sts_data.py's
 
 
 def evaluating(desc: str, total: int):
@@ -539,41 +424,6 @@ def evaluate_encoder(model: str, pooler: str, sts_dir: str | Path, tasks: list[s
     return evaluate_sts(encode, sts_dir, tasks=tasks, split=split, desc=desc)
 
 
-def format_sts_table(res: dict, others: list[tuple[str, dict]] = (), name: str = "this run") -> str:
-    """The STS table of a result, other rows (label, {task: figure}) beside it ('-': none given)."""
-    tasks = [t for t in STS_TASKS if t in res]
-    rows = [(name, {**{t: res[t]["spearman"] for t in tasks}, "avg": res["avg"]}), *others]
-    width = max(len(label) for label, _ in rows) + 2
-    lines = [f"{'':{width}s}" + "".join(f"{TASK_SHORT[t]:>8s}" for t in tasks) + f"{'Avg.':>8s}"]
-    for label, figures in rows:
-        cells = [f"{figures[t]:8.2f}" if t in figures else f"{'-':>8s}" for t in tasks + ["avg"]]
-        lines.append(f"{label:{width}s}" + "".join(cells))
-    lines.append("Spearman x100 of cosine similarity; STS12-16 report 'all' (one correlation over "
-                 "each task's pairs); STS-B and SICK-R their test sets, unless the dev split is asked for.")
-    return "\n".join(lines)
-
-
-STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
-    "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
-    "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
-    "STSBenchmark": [5749, 1500, 1379], "SICKRelatedness": [4500, 500, 4927]}
-
-
-def check_sts(folder: Path) -> None:
-    """The STS data are whole when every task parses to SentEval's kept pair counts."""
-    for task in STS_TASKS:
-        splits = ["test"] if task in STS_SUBSETS else ["train", "dev", "test"]
-        try:
-            got = [len(g) for split in splits for _, _, g in load_sts_pairs(folder, task, split).values()]
-        except (OSError, ValueError, IndexError, UserError) as e:
-            raise UserError(f"STS data in {folder}: {task} cannot be read ({e}): the download is "
-                            f"incomplete or corrupted. {downloads.NOT_KEPT}")
-        if got != STS_PAIR_COUNTS[task]:
-            raise UserError(f"STS data in {folder}: {task} has {got} pairs, expected "
-                            f"{STS_PAIR_COUNTS[task]}: the download is incomplete or corrupted. "
-                            f"{downloads.NOT_KEPT}")
-
-
 # =====================================================================================
 # The paper's rows: the published figures a run's flags reproduce, printed beside its own
 # =====================================================================================
@@ -606,147 +456,20 @@ class PaperRow:
         return [self.figures["avg"]] if "avg" in self.figures else list(self.figures.values())
 
 
-def paper_report(res: dict, picked: list[tuple[str, PaperRow]], note: str, dev_best: float | None,
-                 untrained: dict | None = None) -> str:
-    """The end of a run: the note; the 7 STS tasks beside the untrained encoder's (a result of
-    final_figures with its "label", if given) and the rows on test sets; alignment and uniformity
-    (STS-B test) and STS-B dev (best), each beside the rows that give them."""
-    lines = [f"note: {note}"] if note else []
-    sts_rows = [(label, r.figures) for label, r in picked if r.split == "test"
-                and set(r.figures) - {"alignment", "uniformity"}]
-    if untrained:       # the row a run starts from, first under the run's
-        figures = {t: untrained[t]["spearman"] for t in STS_TASKS if t in untrained}
-        sts_rows.insert(0, (untrained["label"], {**figures, "avg": untrained["avg"]}))
-    lines.append(format_sts_table(res, sts_rows))
-    if untrained and untrained.get("kept_in"):
-        how = ("kept from an earlier run of the same weights, pooler, STS data and evaluation code:"
-               if untrained.get("reused") else "evaluated now, kept for the next run of this model in")
-        lines.append(f"({untrained['label']}: {how} {untrained['kept_in']})")
-    if "alignment" in res:
-        beside = [f"; {label}: {r.figures['alignment']:.3f} / {r.figures['uniformity']:.3f}"
-                  for label, r in picked if r.split == "test" and "alignment" in r.figures]
-        if untrained:
-            beside.insert(0, f"; {untrained['label']}: {untrained['alignment']:.3f} / "
-                             f"{untrained['uniformity']:.3f}")
-        lines.append(f"alignment / uniformity on STS-B test (lower is better): this run "
-                     f"{res['alignment']:.3f} / {res['uniformity']:.3f}" + "".join(beside))
-    beside = [f"; {label}: {r.figures['STSBenchmark']:.2f}" for label, r in picked if r.split == "dev"]
-    if beside and dev_best is not None:
-        lines.append(f"STS-B dev: this run {dev_best:.2f} (the best evaluation, kept in best/)"
-                     + "".join(beside))
-    lines += [f"({label}: {r.note})" for label, r in picked if r.note]
-    return "\n".join(lines)
-
-
-# =====================================================================================
-# Distributed (torchrun): every loss sees the global batch
-# =====================================================================================
-
-def init_distributed() -> torch.device:
-    """Start the process group under torchrun (NCCL on CUDA, gloo on CPU) and pick the device:
-    one GPU a process, so more processes on a machine than its GPUs is refused first."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if gpus and local_world > gpus:
-        if int(os.environ.get("LOCAL_RANK", "0")) > 0:
-            raise SystemExit(2)                     # the same refusal, said once, by local rank 0
-        raise UserError(f"torchrun --nproc_per_node {local_world}: this machine has {gpus} GPU"
-                        f"{'s' if gpus > 1 else ''} visible, and each process trains on one. Pass "
-                        f"--nproc_per_node {gpus} (the batch is split over them; --batch_size stays "
-                        f"global).")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if gpus else "gloo")
-    if gpus:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
-
-
-def local_rows(rows: np.ndarray) -> np.ndarray:
-    """This rank's share of a global batch's row indices (all of them in one process)."""
-    rank, n = world()
-    k = len(rows) // n
-    return rows[rank * k:(rank + 1) * k]
-
-
-class _GatherWithGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(out, x.contiguous())
-        return torch.cat(out, 0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        # only the local shard's gradient flows back; each rank computes the same global
-        # loss, so summing (not averaging) over ranks gives the one-process gradient
-        return grad.chunk(dist.get_world_size(), 0)[dist.get_rank()].contiguous()
-
-
-def gather(x: torch.Tensor) -> torch.Tensor:
-    """(n_local, ...) -> (n_local * world, ...): every rank's rows in rank order, the gradient kept
-    for this rank's; identity in one process. Gather every tensor a loss uses."""
-    return x if world()[1] == 1 else _GatherWithGrad.apply(x)
-
-
 # =====================================================================================
 # Start-up: every flag and file checked before anything is written
 # =====================================================================================
 
-def start(args: TrainArgs, models: dict[str, tuple[str, str]] | None = None) -> torch.device:
-    """Before a script loads a model: torchrun's process group; every flag, then every file checked
-    before anything is written (the default data downloaded on first use; offline, whatever cannot
-    be had named at once: the data, --model and a script's own `models`, {flag: (name, one more way
-    out)}); the flags that depend on the data settled; the seed; the run folder, held, with its
-    record (args.json, run.json, code/), and named on stderr. A --resume of a run that had finished
+def start(args: TrainArgs, models: dict[str, tuple[str, str]] | None = None) -> RunFolder:
+    """Before a script loads a model (plumbing/start.py): torchrun's process group; every flag, then every
+    file checked before anything is written (`models`: a script's own, {flag: (name, one more way out)});
+    the run folder held, its record written. Then the seed. Returns the run folder, handed down to
+    train(), with the device this process trains on (run.device). A --resume of a run that had finished
     shows its figures and stops."""
-    device = init_distributed()
-    args.check()                                    # the flags on their own
-    run = RunFolder.named(args)                     # --output_dir, or the default for these flags and code
-    if world()[0] == 0:     # the default data into data/ on first use, else what is missing named at once
-        downloads.missing_pieces(args.data, args.sts_dir, check_sts,
-                                 {"--model": (args.model, ""), **(models or {})})
-    barrier()
-    # a missing, empty or non-UTF-8 --data stops here (with the line), then too small a one
-    rows = data_rows(args.data)
-    inputs.check_batch(rows, args.batch_size, args.data, world()[1])
-    inputs.check_sts_dir(args.sts_dir)
-    check_sts_files(args.sts_dir)
-    inputs.check_model_folder(args.model)           # a local folder's files whole (weights, JSON)
-    positions = encoder_positions(args.model)
-    if args.max_len > positions:
-        raise UserError(f"--max_len {args.max_len}: {args.model} has {positions} positions. "
-                        f"Pass --max_len {positions} or less.")
-    args.settle(rows)
+    run = starting.start(args, models, saved_figures)
     seed_everything(args.seed)
-    run.open()              # held by this process; its record written, or --resume held to it
-    if world()[0] == 0:     # the default folder's name is long: where the run goes, said once
-        what = ("--resume: the run goes on there from its last checkpoint" if args.resume else
-                "the flags in args.json, the log in metrics.jsonl; last/ at each evaluation, best/ at "
-                "the best STS-B dev")
-        print(f"run folder: {args.output_dir} ({what})", file=sys.stderr)
-    if args.resume and (figures := run.finished()) is not None:
-        run.drop_last()     # a kill between its figures and this left it: a finished run cannot continue
-        report_finished(args, run, figures)
-    return device
+    return run
 
-
-def check_sts_files(sts_dir: str | Path) -> None:
-    """Every STS file a run reads (the dev sets at each evaluation, the 7 test sets at the end),
-    read now: a missing or damaged one is named before anything is written."""
-    dev = [("STSBenchmark", "dev"), ("SICKRelatedness", "dev")]
-    for task, split in [(t, "test") for t in STS_TASKS] + dev:
-        try:
-            load_sts_pairs(sts_dir, task, split)
-        except (OSError, ValueError, IndexError) as e:      # UnicodeDecodeError is a ValueError
-            raise UserError(f"--sts_dir {sts_dir}: {task} ({split}) cannot be read ({e}). Pass the folder "
-                            f"of SentEval's STS data (`python tools/download.py --what sts` makes data/sts).")
-
-
-# =====================================================================================
-# The loop's parts: the seed, the log's running means, what an evaluation records
-# =====================================================================================
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -755,35 +478,12 @@ def seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-class Meter:
-    """The log's running sums, kept on the device (read once a log line: the only wait): loss and
-    terms since the last log line, and whether any loss was NaN or infinite."""
+# =====================================================================================
+# The loop's parts: what an evaluation records
+# =====================================================================================
 
-    def __init__(self, device: torch.device):
-        self.zero = torch.zeros((), device=device)
-        self.bad = self.zero.bool()
-        self.loss = self.zero
-        self.steps = 0
-        self.stats = {}
-        self.t0 = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
-        self.bad |= ~torch.isfinite(loss)
-        self.loss = self.loss + loss
-        self.steps += 1
-        self.stats = {k: self.stats.get(k, 0) + v for k, v in stats.items()}
-
-    def finite(self) -> bool:
-        return not bool(self.bad)
-
-    def record(self, step: int, lr: float, epoch: int, batch_size: int) -> dict:
-        """The training record of metrics.jsonl: means since the last one; then starts again."""
-        seconds = time.perf_counter() - self.t0
-        record = {"step": step, "loss": float(self.loss) / self.steps, "lr": lr, "epoch": epoch,
-                  "sent_per_s": batch_size * self.steps / seconds if seconds > 0 else 0.0,
-                  **{k: float(v) / self.steps for k, v in self.stats.items()}}
-        self.loss, self.steps, self.stats, self.t0 = self.zero, 0, {}, time.perf_counter()
-        return record
+# a log line's means since the last one are Meter's (plumbing/progress.py): kept on the device, read
+# once a line, so that the log costs the step no wait for the GPU
 
 
 def dev_figures(encode: Encode, sts_dir: str | Path,
@@ -802,6 +502,12 @@ def final_figures(encode: Encode, sts_dir: str | Path, desc: str) -> dict:
     same batches, so the same figures as encoding them again)."""
     encode = remembered(encode)
     return {**evaluate_sts(encode, sts_dir, desc=desc), **alignment_uniformity(encode, sts_dir, desc=desc)}
+
+
+def saved_figures(model: str | Path, pooler: str, sts_dir: str | Path, desc: str) -> dict:
+    """final_figures of an encoder as saved (best/ at the end of a run, the untrained --model), read off
+    with `pooler`: what plumbing/report.py prints and keeps."""
+    return final_figures(saved_encoder(model, pooler), sts_dir, desc)
 
 
 def remembered(encode: Encode) -> Encode:
@@ -855,16 +561,16 @@ def train_step(model: Callable, batch: dict, opt, sched, max_grad_norm: float, d
 # The loop: batch, step, log, evaluate, checkpoint; at the end the 7 STS tasks
 # =====================================================================================
 
-def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
+def train(args: TrainArgs, run: RunFolder, model: nn.Module, data: dict[str, Tokens], tokenizer, pooler: str,
           paper_rows: list[PaperRow] = (), should_stop: Callable[[int, torch.Tensor], bool] | None = None,
           final_eval: bool = True) -> dict:
-    """Train `model` into --output_dir, keeping the best model.encoder (+ model.mlp for the `cls`
-    pooler) by STS-B dev; at the end the 7 tasks, beside the `paper_rows` that the flags select.
-    model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch = {column:
-    {"input_ids", "attention_mask"}}. should_stop(step, loss), asked after every step (rcl.py's
-    early stop; it keeps its own state, which a checkpoint keeps), ends training when it returns
-    True; the run is evaluated and checkpointed at that step. What a checkpoint keeps, which
-    model is best and when to stop are decided here; RunFolder only writes and reads them."""
+    """Train `model` into `run` (start's run folder, or a stage of it), keeping the best model.encoder
+    (+ model.mlp for the `cls` pooler) by STS-B dev; at the end the 7 tasks, beside the `paper_rows`
+    that the flags select. model(batch) -> loss or (loss, {name: 0-dim tensor} to log), with batch =
+    {column: {"input_ids", "attention_mask"}}. should_stop(step, loss), asked after every step (rcl.py's
+    early stop; it keeps its own state, which a checkpoint keeps), ends training when it returns True;
+    the run is evaluated and checkpointed at that step. What a checkpoint keeps, which model is best and
+    when to stop are decided here; plumbing/checkpoint.py only writes and reads them."""
     rank, world_size = world()
     device = next(model.parameters()).device
     mlp = model.mlp if pooler == "cls" else None
@@ -881,20 +587,20 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     # on a GPU every batch has the compiled step's static shape, compiled or not: --compile, which
     # --resume may change, then changes no number; the CPU pads to the batch's longest sentence
     pad_to = args.max_len if device.type == "cuda" else None
-    run, saved = RunFolder.of(args), (model.encoder, tokenizer, pooler, mlp)
+    saved = (model.encoder, tokenizer, pooler, mlp)                 # what best/ keeps
     step, dev, best, best_step, stopped = 0, None, -math.inf, 0, False      # the loop's state
-    parts = {"model": model, "opt": opt, "sched": sched, "should_stop": should_stop}  # what last/ keeps
-    if args.resume and (ckpt := run.load_last()) is not None:     # this run's last/: verified, data only
-        with run.restoring():                                      # a state that does not fit: one line
-            for name, part in parts.items():
-                if hasattr(part, "load_state_dict"):               # should_stop: rcl.py's EarlyStop
-                    part.load_state_dict(ckpt[name])
-            torch.set_rng_state(ckpt["rng_cpu"])
-            if torch.cuda.is_available() and ckpt.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state(ckpt["rng_cuda"])
-            step, dev, best, best_step, stopped = (ckpt[k] for k in ("step", "dev", "best", "best_step",
-                                                                     "stopped_early"))
-        run.resumed(ckpt, saved)           # best/ checked (or saved again); the log cut back to last/'s
+    if args.resume and (last := checkpoint.load_last(run)) is not None:    # verified, data only
+        with checkpoint.restoring(run):                  # a state that does not fit: one line
+            for part, state in ((model, last.model), (opt, last.opt), (sched, last.sched)):
+                part.load_state_dict(state)
+            if hasattr(should_stop, "load_state_dict"):  # rcl.py's EarlyStop
+                should_stop.load_state_dict(last.should_stop)
+            torch.set_rng_state(last.rng_cpu)
+            if torch.cuda.is_available() and last.rng_cuda is not None:
+                torch.cuda.set_rng_state(last.rng_cuda)
+            step, dev, best, best_step = last.step, last.dev, last.best, last.best_step
+            stopped = last.stopped_early
+        checkpoint.resumed(run, last, saved)     # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
     with progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step) as bar:
         while step < total and not stopped:
@@ -919,13 +625,14 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
                 best, best_step = (dev["stsb_dev"], step) if dev["stsb_dev"] > best else (best, best_step)
                 dev["best_stsb_dev"] = best
                 run.write(dev)
-                run.save_last({**{k: v.state_dict() for k, v in parts.items() if hasattr(v, "state_dict")},
-                               "step": step, "dev": dev, "best": best, "best_step": best_step,
-                               "stopped_early": stopped, "rng_cpu": torch.get_rng_state(),
-                               "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-                               "run": run.identity})
+                checkpoint.save_last(run, checkpoint.Checkpoint(   # what last/ keeps: all to go on from here
+                    model=model.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(), step=step,
+                    dev=dev, best=best, best_step=best_step, stopped_early=stopped,
+                    rng_cpu=torch.get_rng_state(),
+                    rng_cuda=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                    should_stop=should_stop.state_dict() if hasattr(should_stop, "state_dict") else None))
                 if best_step == step:
-                    run.save_best(dev, saved)
+                    checkpoint.save_best(run, dev, saved)
                 bar.write(f"step {step}: STS-B dev {dev['stsb_dev']:.2f}  SICK-R dev "
                           f"{dev['sickr_dev']:.2f}  (best {best:.2f} at step {best_step})", file=sys.stderr)
             if evaluate_now:
@@ -933,68 +640,8 @@ def train(args: TrainArgs, model: nn.Module, data: dict[str, Tokens], tokenizer,
     result = {"best_dev": best, "best_step": best_step, "steps": step, "total": total, "test": None,
               "stopped_early": stopped and step < total, "last_dev": (dev or {}).get("stsb_dev")}
     if final_eval and rank == 0:                        # best/ shown to be this run's before it loads
-        result["test"] = final_report(run.verified_best(best_step, best), args, pooler, paper_rows)
-        run.drop_last()                                 # finished: last/ only served to continue it
+        best_dir = checkpoint.verified_best(run, best_step, best)
+        result["test"] = report.final(best_dir, args, pooler, paper_rows, saved_figures)
+        checkpoint.drop_last(run)                       # finished: last/ only served to continue it
     barrier()
     return result
-
-
-def final_report(best_dir: Path, args: TrainArgs, pooler: str, paper_rows: list[PaperRow]) -> dict:
-    """Reload the best checkpoint as a user would, evaluate the 7 STS tasks and alignment and
-    uniformity (with --eval_untrained, the untrained --model too, read off with the same pooler),
-    print them beside the paper's rows that the flags select, keep all of it (with the pooler:
-    tools/compare.py labels the run with it) in best/test_metrics.json; then say what to run next."""
-    res = final_figures(saved_encoder(best_dir, pooler), args.sts_dir, "final evaluation of best/")
-    picked, note = select_rows(args, list(paper_rows))
-    rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
-    kept = {**res, "pooler": pooler, "paper_rows": rows, "paper_note": note}
-    if args.eval_untrained:
-        kept["untrained"] = untrained_figures(args, pooler)
-    report(best_dir, args, kept)
-    return res
-
-
-def untrained_figures(args: TrainArgs, pooler: str) -> dict:
-    """final_figures of the untrained --model, read off with the run's pooler, labelled; kept (plumbing/
-    kept_rows.py) for every later run of the same weights, pooler, STS data and evaluation code, which reads
-    it back: "kept_in" says where, "reused" whether it was read back."""
-    # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
-    # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
-    # random draw, a seed's rather than the encoder's
-    name = Path(args.model).name or args.model
-    label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
-    row = {"label": label, "model": args.model, "pooler": pooler}
-    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(args.sts_dir, t).items()}
-             for t in STS_TASKS}
-    made_of = kept_rows.key(args.model, pooler, pairs)
-    path = kept_rows.where(made_of, args.sts_dir, args.cache_dir) if made_of else None
-    if path and (figures := kept_rows.read(path, made_of, STS_TASKS)) is not None:
-        return {**row, **figures, "kept_in": str(path), "reused": True}
-    figures = final_figures(saved_encoder(args.model, pooler), args.sts_dir, f"untrained {name}")
-    if path and kept_rows.write(path, made_of, figures):
-        return {**row, **figures, "kept_in": str(path), "reused": False}
-    return {**row, **figures}
-
-
-def report(best_dir: Path, args: TrainArgs, kept: dict, write: bool = True) -> None:
-    """Print a run's final figures (`kept`: best/test_metrics.json) beside its paper rows and the
-    untrained encoder's, keep them, and say what to run next."""
-    picked = [(r["label"], PaperRow(**{k: v for k, v in r.items() if k != "label"}))
-              for r in kept["paper_rows"]]
-    dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
-    print(paper_report(kept, picked, kept["paper_note"], dev, kept.get("untrained")))
-    if write:
-        write_json(best_dir / "test_metrics.json", kept)
-    print(export.what_next(best_dir, args.model, kept["pooler"], args.sts_dir), file=sys.stderr)
-
-
-def report_finished(args: TrainArgs, run: RunFolder, kept: dict) -> None:
-    """--resume of a run that had finished: nothing to train. Its figures again, as kept (with
-    --eval_untrained, the untrained encoder's beside them, evaluated now), then stop."""
-    if world()[0] == 0:
-        new = args.eval_untrained and "untrained" not in kept
-        if new:
-            kept["untrained"] = untrained_figures(args, kept["pooler"])
-        report(run.out / "best", args, kept, write=new)
-    raise NothingToDo(f"{run.out} had finished: nothing to train; the figures above are the ones it kept in "
-                      f"{run.out / 'best' / 'test_metrics.json'}.")

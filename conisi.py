@@ -522,7 +522,8 @@ def main(argv: list[str] | None = None) -> dict:
     lookup = None
     if args.strategy == "o2":  # before start(): a missing nltk stops the run before it writes
         lookup = read_antonym_table(args.antonyms) if args.antonyms else wordnet_antonyms()
-    device = common.start(args)                  # torchrun, flags checked, seed, output folder
+    run = common.start(args)                     # torchrun, flags checked, the run folder, seed
+    device = run.device                          # this process's: a GPU, or the CPU
     columns = common.load_columns(args.data)     # {"text": [...]}
     tokenizer, encoder = common.load_encoder(args.model, dropout=args.dropout)
     tpl = pair_template(tokenizer)
@@ -535,7 +536,7 @@ def main(argv: list[str] | None = None) -> dict:
     if common.world()[1] > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # Sec. 4.2: evaluation and the saved model use the raw [CLS] of the single sentence
-    return common.train(args, model, data, tokenizer, "cls_before_pooler", paper_rows=PAPER_ROWS)
+    return common.train(args, run, model, data, tokenizer, "cls_before_pooler", paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

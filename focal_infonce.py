@@ -244,12 +244,13 @@ PAPER_ROWS = [
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    device = common.start(args)                  # torchrun, flags checked, seed, output folder
+    run = common.start(args)                     # torchrun, flags checked, the run folder, seed
+    device = run.device                          # this process's: a GPU, or the CPU
     columns = common.load_columns(args.data)     # {"text": [...]}
     tokenizer, encoder = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
     model = FocalInfoNCE(encoder, args.tau, args.m, args.modulate).to(device)
-    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
+    return common.train(args, run, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

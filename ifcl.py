@@ -426,7 +426,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("note: --no_fraternal also drops the Twins loss (it compares h^+ with h^-)", file=sys.stderr)
     # x^-, the German sentences: their file checked now, before anything loads or is written
     german = None if args.no_fraternal else translation.fraternal_file(args)
-    device = common.start(args, german.models if german else None)  # torchrun, all checked, run folder
+    run = common.start(args, german.models if german else None)  # torchrun, all checked, run folder
+    device = run.device                         # this process's: a GPU, or the CPU
     columns = common.load_columns(args.data)    # {"text": [...]}
     if german is not None:                      # rank 0 makes the file on the first run; the encoders wait
         columns["frat"] = german.sentences(len(columns["text"]), device)
@@ -439,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
         pad_f = tok_f.pad_token_id or 0
     model = IFCL(encoder, bel_f, args, tokenizer.pad_token_id or 0, pad_f).to(device)
     # Table 1 caption: [CLS] in training, the mean of the last layer (--pooler avg) for evaluation
-    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
+    return common.train(args, run, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

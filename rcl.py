@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import plumbing.interrupts  # first: Ctrl-C in the imports: one line. Not found? Run it inside its clone
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,6 @@ import torch.nn.functional as F
 
 import common
 from common import UserError, arg
-from plumbing.run_folder import Stage
 
 # =====================================================================================
 # Hyperparameters (the paper's STS setting: SRoBERTa-base on NLI)
@@ -306,7 +304,7 @@ def regulator_names(phis: list[float]) -> list[str]:
 
 # =====================================================================================
 # PAPER-SPECIFIC: Algorithm 1. Stage 1 trains an entropy model per phi, stage 2 the final model
-# regulated by them; each stage is a stage of the run folder (plumbing/run_folder.py's Stage)
+# regulated by them; each entropy model is a stage of the run folder (run.stage: plumbing/run_folder.py)
 # =====================================================================================
 
 def trained_with(args: Args, phi: float) -> dict:
@@ -316,37 +314,38 @@ def trained_with(args: Args, phi: float) -> dict:
             "stop_every": args.stop_every}
 
 
-def entropy_stage(args: Args, data: dict, device: torch.device) -> list[Path]:
+def entropy_stage(args: Args, run: common.RunFolder, data: dict) -> list[Path]:
     """Stage 1: one entropy model per phi, each from the original checkpoint; one finished earlier
     (with the same settings) is reused, not retrained. Prints the summary of all of them. Returns
     the folders of the weights that regulate (end/ or best/, --regulate_with)."""
     folders, summaries, start_figures = {}, [], {}
     for phi in dict.fromkeys(args.phi):     # a value given twice: one model, which regulates twice
-        stage = Stage(args.output_dir, f"entropy_phi{phi:g}", trained_with(args, phi))
+        stage = run.stage(f"entropy_phi{phi:g}", trained_with(args, phi))
         summary = stage.finished()
         if summary is None:
-            summary = train_entropy_model(args, phi, stage, data, device, start_figures)
-        elif not (stage.path / args.regulate_with).is_dir():
-            raise UserError(f"--regulate_with {args.regulate_with}: {stage.path} has no "
-                            f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {stage.path} "
+            summary = train_entropy_model(args, phi, stage, data, start_figures)
+        elif not (stage.out / args.regulate_with).is_dir():
+            raise UserError(f"--regulate_with {args.regulate_with}: {stage.out} has no "
+                            f"{args.regulate_with}/ (made by an earlier rcl.py?). Delete {stage.out} "
                             f"to train it again, or pass --regulate_with best.")
         elif common.world()[0] == 0:
-            print(f"entropy model phi={phi:g}: reusing {stage.path / args.regulate_with} "
+            print(f"entropy model phi={phi:g}: reusing {stage.out / args.regulate_with} "
                   f"({where_stopped(summary)}, best STS-B dev {summary['best_dev']:.2f})")
-        folders[phi] = stage.path / args.regulate_with
+        folders[phi] = stage.out / args.regulate_with
         summaries.append(summary)
     if common.world()[0] == 0:
         print(summary_table(summaries, args.regulate_with))
     return [folders[phi] for phi in args.phi]
 
 
-def train_entropy_model(args: Args, phi: float, stage: Stage, data: dict, device: torch.device,
+def train_entropy_model(args: Args, phi: float, stage: common.RunFolder, data: dict,
                         start_figures: dict | None = None) -> dict:
     """Stage 1 for one phi, from the original checkpoint, in the stage's folder:
     Eq. (2), stopped early when the loss stops falling; then the stage is finished with the weights
     it stopped with (end/) and its summary, for both end/ and best/. `start_figures` caches the
     starting checkpoint's row entropy and STS-B dev (the same for every phi): measured on first use."""
     stage.open()
+    device = stage.device
     common.seed_everything(args.seed)  # the same start for every phi, skipped ones or not
     tokenizer, encoder = common.load_encoder(args.model)
     model = EntropyModel(encoder, args.pooler, phi, args.tau).to(device)
@@ -358,9 +357,9 @@ def train_entropy_model(args: Args, phi: float, stage: Stage, data: dict, device
                                       args.sts_dir, split="dev", desc="the entropy models' start")
             at_start["dev_start"] = dev["STSBenchmark"]["spearman"]
     # a stop is evaluated and checkpointed at its step: last/ and last_dev are of the weights at the stop
-    res = common.train(dataclasses.replace(args, output_dir=str(stage.path)), model, data, tokenizer,
-                       args.pooler, should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
-    _, best = common.load_encoder(str(stage.path / "best"))
+    res = common.train(args, stage, model, data, tokenizer, args.pooler,
+                       should_stop=early_stop(args.patience, args.stop_every), final_eval=False)
+    _, best = common.load_encoder(str(stage.out / "best"))
     summary = {**stage.settings, "steps": res["steps"], "total": res["total"],
                "epoch_steps": len(next(iter(data.values()))) // args.batch_size,
                "stopped_early": res["stopped_early"], "best_dev": res["best_dev"],
@@ -401,9 +400,10 @@ def load_frozen(folder: Path, device: torch.device) -> nn.Module:
     return enc.requires_grad_(False).eval().to(device)
 
 
-def train_final(args: Args, data: dict, folders: list[Path], device: torch.device) -> dict:
+def train_final(args: Args, run: common.RunFolder, data: dict, folders: list[Path]) -> dict:
     """Stage 2: the final model from the original checkpoint with Eq. (3), regulated by the
     entropy models in `folders`; without the hard negatives unless --final_hard_negatives."""
+    device = run.device
     common.seed_everything(args.seed)
     tokenizer, encoder = common.load_encoder(args.model)
     loaded = {d: load_frozen(d, device) for d in dict.fromkeys(folders)}   # a model given twice: loaded once
@@ -411,7 +411,7 @@ def train_final(args: Args, data: dict, folders: list[Path], device: torch.devic
     model = RCL(encoder, args.pooler, args.tau, regulators, args.phi).to(device)
     # App. A: the final model sees "the positive instances and entailment instances"
     data = {k: v for k, v in data.items() if k != "hard_neg" or args.final_hard_negatives}
-    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
+    return common.train(args, run, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 # =====================================================================================
@@ -485,11 +485,11 @@ PAPER_ROWS = [
 
 def main(argv: list[str] | None = None) -> dict:
     args = common.parse_args(Args, argv, description=__doc__)
-    device = common.start(args)                  # torchrun, flags checked, seed, output folder
+    run = common.start(args)                     # torchrun, flags checked, the run folder, seed
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     tokenizer, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tokenizer, columns)
-    return train_final(args, data, entropy_stage(args, data, device), device)
+    return train_final(args, run, data, entropy_stage(args, run, data))
 
 
 if __name__ == "__main__":

@@ -265,7 +265,8 @@ PAPER_ROWS = [
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = common.parse_args(Args, argv, description=__doc__)
-    device = common.start(args)                  # torchrun, flags checked, seed, output folder
+    run = common.start(args)                     # torchrun, flags checked, the run folder, seed
+    device = run.device                          # this process's: a GPU, or the CPU
     columns = common.load_columns(args.data)     # {"text"} or {"sent0", "sent1"[, "hard_neg"]}
     supervised = "sent0" in columns
     if args.no_hard_neg:
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     data = common.tokenize_columns(args, tokenizer, columns)
     model = SimCSE(encoder, args.tau, supervised, args.pooler, mlp=not args.no_mlp,
                    fixed_mask=args.fixed_mask, alpha=args.alpha).to(device)
-    return common.train(args, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
+    return common.train(args, run, model, data, tokenizer, args.pooler, paper_rows=PAPER_ROWS)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 method scripts): a module for each thing it holds.
 
     errors         the one-line errors: a refused input, a failed write
-    ranks          this process's rank under torchrun, and a wait for every rank
-    progress       the progress bars, and a stderr that cannot fail a run
+    ranks          torchrun: the process group and this process's GPU, its rank, a wait for every
+                   rank, the global batch every loss sees (gather)
+    progress       the progress bars, a stderr that cannot fail a run, the log's running means
     flags          argparse from an @dataclass of arg() fields; the flags a run changed, the
                    paper rows they reproduce (select_rows)
     inputs         the files a run is given, read and checked; the token cache
@@ -13,8 +14,12 @@ method scripts): a module for each thing it holds.
     atomic_writes  folders and files written whole or not at all
     export         a model folder that transformers and sentence-transformers both load, and the
                    commands that use it at the end of a run
-    run_folder     the lock, the run's record (its code too) and identity, how last/ and best/
-                   are written and read back, verified (train() decides what they keep), stages
+    run_folder     the run folder: its name, admission, the lock, the record, a stop's line, stages
+    checkpoint     last/ and best/: what they hold (Checkpoint), whose they are, verified before load
+    start          a run's start: every flag and file checked before anything is written
+    report         a run's end: best/ on the 7 STS tasks beside the paper's rows, kept
+    sts_data       SentEval's STS files as its readers parse them, checked whole
+    tokens         the training text as token ids, tokenised once, cached
     compiled_step  torch.compile with CUDA graphs, DDP, the attention kernels; on a CPU, the
                    batch encoded in length-sorted parts
     translation    IFCL's German file, made with a seq2seq model (tools/translate.py), and

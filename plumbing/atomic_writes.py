@@ -1,5 +1,17 @@
-"""Writes that a kill, a crash, a signal or a full disk never leave half done: a folder swapped in with two
-renames, a file through a temporary name, each synced first, none written through a symbolic link."""
+"""Writes that a kill, a crash, a signal or a full disk never leave half done: a run may stop at any
+instant (Ctrl-C, a scheduler's SIGTERM, a laptop's battery), and what it wrote before must stay usable.
+
+The rules, and the function that keeps each:
+1. A folder (last/, best/) is swapped in whole (atomic_dir): written beside it, synced, then two renames
+   with no signal between them (interrupts.deferred); a kill leaves the old or the new, and what it
+   left beside them is put back or removed at the next start (recover_dir).
+2. A file is written under a temporary name of this process's, synced, then renamed over (write_atomic):
+   torchrun's ranks may write one file at once; a dead writer's leftover is removed (alive).
+3. What is on the disk is on the disk (sync_to_disk): a full disk is told at the write, not later, and
+   a crash cannot leave a checkpoint empty.
+4. A file written in place (the log) is first made this name's alone (unshared): a hard-linked snapshot
+   of the run (`cp -al run run.snap`) keeps what it had.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +25,6 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from plumbing import interrupts
-
-
-def no_follow(path: str | Path, flags: int) -> int:
-    """open()'s opener for a file of a run or a cache: a symbolic link at `path` is refused (ELOOP)."""
-    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def sync_to_disk(path: Path) -> None:
@@ -70,16 +77,16 @@ def atomic_dir(final: Path):
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     """`write(f)` fills a temporary name beside `path`, synced, then renamed into place: a kill leaves the
-    old file or the new one, a link at either name is replaced, a hard link keeps the old content. The
+    old file or the new one, a hard link keeps the old content. The
     temporary name is this process's (torchrun's ranks may write one file at once); a dead one's, removed."""
     path = Path(path)
     for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):    # a killed writer's leftover
         if not alive(left.name.split(".")[-2]):
             left.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)                  # a link planted there
+    tmp.unlink(missing_ok=True)                  # an earlier process's of the same pid
     try:
-        with open(tmp, "xb", opener=no_follow) as f:
+        with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -109,7 +116,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def unshared(path: Path) -> Path:
     """`path` made this name's alone before a write in place: a hard link copied, the copy renamed in."""
     if os.path.lexists(path) and os.lstat(path).st_nlink > 1:
-        with open(path, "rb", opener=no_follow) as src:
+        with open(path, "rb") as src:
             write_atomic(path, lambda f: shutil.copyfileobj(src, f))
     return path
 

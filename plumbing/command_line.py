@@ -1,6 +1,12 @@
 """Every command's main under run_main: it ends in one line and an exit status, never a traceback for
 what the user can act on: a refused input (2), the GPU out of memory (3), a failed write (4), Ctrl-C
-(130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder let go whatever happens."""
+(130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder let go whatever happens.
+
+The one place where the run is not handed down (opened): a signal raises wherever the program is, and a
+failed write wherever it writes, and main() does not return then, so the line that says what is intact
+and what to run next cannot be given the run folder by a caller. plumbing/start.py hands it here as it
+names it; run_main reads it only on those two paths, and lets it go (its lock too) when main ends.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +17,41 @@ import shlex
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from plumbing import interrupts, run_folder
+from plumbing import interrupts
 from plumbing.errors import REMEDY, NothingToDo, UserError, WriteFailed
 from plumbing.progress import Screen
 from plumbing.ranks import world
-from plumbing.run_folder import release_run_folders
+
+if TYPE_CHECKING:
+    from plumbing.run_folder import RunFolder
+
+_run: RunFolder | None = None      # the run folder this command opened (opened()), for the error paths
+
+
+def opened(run: RunFolder) -> None:
+    """plumbing/start.py's call as it names the run folder: the one run_main's stop and write-error lines
+    speak of. An earlier command's in this process (a test's) is let go first."""
+    global _run
+    let_go()
+    _run = run
+
+
+def let_go() -> None:
+    """The run folder's lock released and forgotten: run_main's end, a test's."""
+    global _run
+    if _run is not None:
+        _run.release()
+    _run = None
 
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Call `main(argv)` and end in one line and an exit status (say()); under torchrun a rank stopped
     because another one ended says so; the run folder let go."""
-    release_run_folders()                                  # common.start names this command's run
+    let_go()                                               # plumbing/start.py names this command's run
     handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
     stderr, sys.stderr = sys.stderr, Screen(sys.stderr)
     try:
@@ -35,15 +61,13 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     except UserError as e:
         say(f"error: {e}", 2)
     except WriteFailed as e:
-        run = run_folder.current()
-        say(f"error: {e.line(run.kept(), run.next_command()) if run else e}", 4)
+        say(f"error: {e.line(_run.kept(), _run.next_command()) if _run else e}", 4)
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, interrupts.Stopped) else signal.SIGINT
         command = typed(main, argv)
-        run = run_folder.current()
-        again = run.after_a_stop(command) if run else (f"The run was not recorded yet: there is nothing for "
-                                                       f"--resume to continue. To start it again: "
-                                                       f"{shlex.join(command)}")
+        again = _run.after_a_stop(command) if _run else (f"The run was not recorded yet: there is nothing "
+                                                         f"for --resume to continue. To start it again: "
+                                                         f"{shlex.join(command)}")
         say(f"\n{interrupts.WHAT[signum]}. {again}", 128 + signum)
     except torch.cuda.OutOfMemoryError:
         say("error: the GPU ran out of memory. Lower --batch_size or --max_len, or spread the batch over "
@@ -60,7 +84,7 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
             f"why).", 1)
     finally:
         sys.stderr = stderr
-        release_run_folders()
+        let_go()
         if handlers:
             interrupts.give_back(handlers)
 

@@ -1,7 +1,14 @@
-"""The step made fast behind train_step's one call: torch.compile with CUDA graphs (a few launches a step,
-not hundreds), DDP under torchrun, the fastest attention kernel; on a CPU, the batch encoded in
-length-sorted parts (sub_batched). What a step computes is unchanged, up to floating-point order (and,
-on a CPU, which dropout draws a token gets)."""
+"""The step made fast behind train_step's one call (compiled_forward), so that the method scripts stay plain
+PyTorch.
+
+The rules, and the function that keeps each:
+1. What a step computes is unchanged, up to floating-point order (and, on a CPU, which dropout draws a
+   token gets): a speed-up never changes a method.
+2. On a GPU: torch.compile with CUDA graphs (CompiledModel: a few launches a step, not hundreds) and
+   the fastest attention kernel (attention_kernels); under torchrun, DDP (wrap_ddp).
+3. On a CPU: the batch encoded in length-sorted parts (sub_batched), so that short sentences are not
+   padded to the longest.
+"""
 
 from __future__ import annotations
 

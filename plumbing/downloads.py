@@ -1,5 +1,14 @@
-"""SimCSE's data into data/, on a run's first use (missing_pieces) or by `python tools/download.py`:
-each proven whole by its content in a temporary folder, then moved into place; a failure leaves nothing."""
+"""SimCSE's data into data/, on a run's first use (missing_pieces) or by `python tools/download.py`.
+
+The rules, and the function that keeps each:
+1. A file is kept only once proven whole by its content (check_download): the upstream publishes no
+   checksum, and a download cut short parses as a smaller dataset, whose figures would look like a
+   failed reproduction.
+2. A failure leaves nothing (staging): each file is fetched into a temporary folder beside its place and
+   moved in only once checked; the next try starts clean.
+3. Offline, all that is missing is said at once (missing_pieces): the data, the STS files and every
+   model a run needs, in one line, within seconds, not one piece per try.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,14 @@
-"""The errors that end a command in one line: a refused input (UserError, exit status 2) and a write
-the system refused (WriteFailed, exit status 4), recognised in the words of the library that wrote."""
+"""The errors that end a command in one line: a refused input (UserError, exit status 2) and a write the
+system refused (WriteFailed, exit status 4).
+
+The rules, and the function that keeps each:
+1. A failed write is told as one (writing, refused_write), whatever library wrote: torch.save and
+   safetensors say a full disk in their own words, which would read as a bug in a traceback.
+2. A signal inside torch.save is a stop, not a failed write (stopped): torch turns it into its own I/O
+   error, and a user who pressed Ctrl-C must not be told the disk failed.
+3. The line says what is intact and what to run next (WriteFailed.line): the writer's words where it
+   knows them (the run folder's kept()), else the safe default.
+"""
 
 from __future__ import annotations
 

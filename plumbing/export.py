@@ -1,5 +1,12 @@
-"""The export: a model folder that transformers and sentence-transformers both load, written whole
-or not at all (best/, and rcl.py's end/), and the commands that use it at the end of a run."""
+"""The export: a model folder that transformers and sentence-transformers both load (best/, and rcl.py's
+end/), and the commands that use it at the end of a run.
+
+The rules, and the function that keeps each:
+1. best/ loads as any model, in both libraries, read off with the run's pooler (save_pretrained_dir): a
+   user's next step is `SentenceTransformer(best)`, not this project's code.
+2. It is written whole or not at all (save_pretrained_dir, through atomic_writes.atomic_dir).
+3. A run ends by saying what to run next (what_next): compare, evaluate again, load.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""Flags: argparse from a @dataclass of arg() fields; the flags a run changed, its folder, its paper rows."""
+"""Flags: argparse from a script's @dataclass Args of arg() fields (parse_args), so that an ablation is a
+flag; the flags a run changed, its default folder and its paper rows.
+
+The rules, and the function that keeps each:
+1. A flag is refused before anything loads, in one line that names it and what to pass (check_ranges,
+   Parser.error): a range a paper's formula allows; a mistyped flag gets the closest name, and the
+   official SimCSE code's flags get ours (Parser.unknown, OFFICIAL).
+2. A run's default folder names the flags that differ (default_output_dir): the rows of a paper's
+   table, run one after the other, overwrite nothing.
+3. A paper's row is printed beside a run only when the run's flags reproduce it (select_rows).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import hashlib
+import json
 import math
 import os
 import re
@@ -74,6 +85,12 @@ def changed_flags(args: Any, leave_out: tuple[str, ...] = NOT_TRAINING) -> dict[
     defaults = defaults_of(args)
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
             if f.name not in leave_out and getattr(args, f.name) != getattr(defaults, f.name)}
+
+
+def flags_of(args: Any, leave_out: tuple[str, ...] = ()) -> dict:
+    """The flags as args.json holds them (JSON's types: a path as its text), but those in `leave_out`."""
+    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
+    return {k: v for k, v in flags.items() if k not in leave_out}
 
 
 def script_name(args: Any) -> str:

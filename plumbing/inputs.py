@@ -1,6 +1,17 @@
-"""What a run is given, checked before anything is written, each error naming the flag and the
-file: the training file, the token cache beside it (trusted only when whole and its own), a model
-(a folder, the Hugging Face cache, the hub), its config and files, the STS folder."""
+"""What a run is given, checked before anything is written, each error naming the flag and the file: the
+training file, the token cache beside it, a model (a folder, the Hugging Face cache, the hub), its
+config and files, the STS folder.
+
+The rules, and the function that keeps each:
+1. A bad input is one line that names the flag, the file and what to do (read_text, read_csv_columns,
+   check_batch, check_model_folder, check_sts_dir): a missing, empty or non-UTF-8 --data, a batch
+   larger than the data, a model folder cut short by an interrupted download.
+2. Offline, a model is looked for in the local cache at once (hub_offline, model_missing): the hub is
+   asked once a process and, silent, left alone, not retried for each missing file.
+3. The token cache is only a cache (token_cache, load_tokens): named by all that decides the ids, read
+   only when whole, never unpickled, and tokenised again otherwise.
+4. A file is read once while unchanged (read_once): the checks and training read the same bytes.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from plumbing.atomic_writes import alive, no_follow, write_atomic
+from plumbing.atomic_writes import alive, write_atomic
 from plumbing.errors import UserError, writing
 
 
@@ -65,6 +76,14 @@ def read_csv_columns(path: str | Path, flag: str = "--data") -> dict[str, list[s
     if len(kept) < len(rows) - 1:
         print(f"note: {path}: skipped {len(rows) - 1 - len(kept)} incomplete rows", file=sys.stderr)
     return {h: [cells[j] for cells in kept] for j, h in enumerate(header)}
+
+
+def read_columns(path: str | Path, flag: str = "--data") -> dict[str, list[str]]:
+    """What --data holds: {'text': [...]} for a text file (read_sentences), or SimCSE's CSV's columns
+    (read_csv_columns), by its suffix."""
+    if str(path).lower().endswith(".csv"):
+        return dict(read_csv_columns(path, flag))
+    return {"text": read_sentences(path, flag)}
 
 
 def read_text(path: Path, flag: str, what: str, download: str) -> str:
@@ -124,17 +143,13 @@ def token_cache(tokenizer, texts: list[str], max_len: int, cache_dir: str | Path
 
 
 def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(ids, lengths, pad_id) kept in `cache`, or None, with a note if it is not whole and this key's."""
+    """(ids, lengths, pad_id) kept in `cache`, or None, with a note if it is not whole (a copy cut short);
+    never unpickled (allow_pickle=False)."""
     if cache is None or not os.path.lexists(cache):
         return None
     try:
-        with open(cache, "rb", opener=no_follow) as f, np.load(f, allow_pickle=False) as z:
-            ids, lengths, pad_id, key = z["ids"], z["lengths"], z["pad_id"], z["key"]
-        if str(key) != cache.stem:
-            raise ValueError("it was written under another name")
-        if ids.ndim != 2 or lengths.shape != ids.shape[:1] or pad_id.ndim or not all(
-                a.dtype.kind in "iu" for a in (ids, lengths, pad_id)) or (lengths > ids.shape[1]).any():
-            raise ValueError("its arrays are not token ids")
+        with open(cache, "rb") as f, np.load(f, allow_pickle=False) as z:
+            ids, lengths, pad_id = z["ids"], z["lengths"], z["pad_id"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
         print(f"note: the token cache {cache} is not whole ({why}): tokenising again", file=sys.stderr)
@@ -151,7 +166,7 @@ def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id
         for left in cache.parent.glob(".tok-*.npz.*.tmp"):
             if not alive(left.name.split(".")[-2]):      # .tok-KEY.npz.PID.tmp, as large as a cache
                 left.unlink(missing_ok=True)
-        write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id, key=cache.stem))
+        write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id))
 
 
 def default_cache_dir(data_path: str | Path, cache_dir: str | None) -> Path:
@@ -168,15 +183,6 @@ def check_batch(n: int, batch_size: int, data: str, world_size: int = 1) -> None
                         f"--data {data}). Lower --batch_size to at most {n} or give more data.")
     if batch_size % world_size:
         raise UserError(f"--batch_size {batch_size} must divide evenly over {world_size} GPUs.")
-
-
-def describe_entry(path: str | Path) -> str | None:
-    """What an entry that is no file or folder is (refused: nothing is written through a link), or None."""
-    if os.path.islink(path):
-        return f"a symbolic link (to {os.readlink(path)})"
-    if os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
-        return "not a file or a folder (a pipe, a device or a socket)"
-    return None
 
 
 # -------------------------------------------------------------------------------------
@@ -315,19 +321,8 @@ def encoder_positions(name: str, flag: str = "--model") -> int:
     return max_positions(encoder_config(name, flag))
 
 
-# SentEval's largest STS file is under 1 MB (STS-B's train split): one far past it is no STS file, and is
-# named before it is read, since reading a file of 10 million lines takes gigabytes
-STS_FILE_LIMIT = 64 << 20
-
-
 def check_sts_dir(sts_dir: str | Path) -> None:
-    """--sts_dir holds SentEval's STS/ and SICK/ folders, none of their files implausibly large: checked by
-    start and before every evaluation."""
+    """--sts_dir holds SentEval's STS/ and SICK/ folders: checked by start and before every evaluation."""
     if not ((Path(sts_dir) / "STS").is_dir() and (Path(sts_dir) / "SICK").is_dir()):
         raise UserError(f"--sts_dir {sts_dir}: expected STS/ and SICK/ inside (SentEval's layout). "
                         f"Run `python tools/download.py --what sts` and pass --sts_dir data/sts.")
-    for path in sorted((*Path(sts_dir).glob("STS/*/*"), *Path(sts_dir).glob("SICK/*"))):
-        if path.is_file() and path.stat().st_size > STS_FILE_LIMIT:
-            raise UserError(f"--sts_dir {sts_dir}: {path} holds {path.stat().st_size / 2**20:,.0f} MB, and "
-                            f"SentEval's STS files are under 1 MB each: it is not one of them. Put the file "
-                            f"back (`python tools/download.py --what sts` makes data/sts).")

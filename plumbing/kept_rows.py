@@ -1,12 +1,14 @@
-"""The untrained encoder's row (--eval_untrained), evaluated once and read back by every later run of it.
+"""The untrained encoder's row (--eval_untrained), evaluated once and read back by every later run of it
+(untrained): its figures never change, so evaluating it again would only cost a run its time.
 
 - Keyed by what made the figures, never by a name (key): the SHA-256 of each of the model's files, the
-  pooler, the STS pairs as read, the evaluation code as this process read it (common.py, inputs.py),
-  torch, transformers and the device. Any of them changed: another file, evaluated again.
+  pooler, the STS pairs as read, the evaluation code as this process read it (common.py and
+  plumbing's inputs.py, sts_data.py, tokens.py), torch, transformers and the device. Any of them
+  changed: another file, evaluated again.
 - Where: untrained-<hash of the key>.json in the token cache's folder beside --sts_dir (data/.cache for
   data/sts), or --cache_dir (where).
-- Written whole or not at all (write); believed only whole, with its checksum and key (read): a damaged
-  or foreign file is said so and evaluated again, never trusted.
+- Written whole or not at all (write); believed only whole and of its key (read): a damaged file (a
+  copy cut short) or one of other files or code is said so and evaluated again.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from plumbing import code_record
 from plumbing.atomic_writes import sha256_file, write_text_atomic
 from plumbing.inputs import default_cache_dir
+from plumbing.sts_data import STS_TASKS, load_sts_pairs
 
 # the evaluation code: the bytes this process runs (code_record), not the files as they are now
-EVAL_CODE = hashlib.sha256(b"".join(code_record.ran(code_record.HERE / f)
-                                    for f in ("common.py", "plumbing/inputs.py"))).hexdigest()
+EVAL_CODE = hashlib.sha256(b"".join(code_record.ran(code_record.HERE / f) for f in (
+    "common.py", "plumbing/inputs.py", "plumbing/sts_data.py", "plumbing/tokens.py"))).hexdigest()
 MODEL_FILES = (".json", ".safetensors", ".bin", ".txt", ".model")    # weights, config, tokenizer
 
 
@@ -67,7 +70,7 @@ def read(path: Path, made_of: dict, tasks: list[str]) -> dict | None:
     except (OSError, ValueError) as e:
         kept = e
     figures = kept.get("figures") if isinstance(kept, dict) else None
-    whole = (isinstance(figures, dict) and kept.get("sha256") == digest(figures)
+    whole = (isinstance(figures, dict)
              and all(isinstance(figures.get(t), dict) and isinstance(figures[t].get("spearman"), float)
                      for t in tasks)
              and all(isinstance(figures.get(k), float) for k in ("avg", "alignment", "uniformity")))
@@ -82,8 +85,31 @@ def write(path: Path, made_of: dict, figures: dict) -> bool:
     """Keep `figures` at `path`; False where it cannot be written (a cache: evaluated again next time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"key": made_of, "figures": figures, "sha256": digest(figures)},
+        write_text_atomic(path, json.dumps({"key": made_of, "figures": figures},
                                            sort_keys=True) + "\n")
     except OSError:
         return False
     return True
+
+
+def untrained(args: Any, pooler: str, evaluate: Callable[[str, str, str, str], dict]) -> dict:
+    """The untrained --model's final figures, read off with the run's pooler, labelled; kept (read, write)
+    for every later run of the same weights, pooler, STS data and evaluation code, which reads them back:
+    "kept_in" says where, "reused" whether they were read back. `evaluate(model, pooler, sts_dir, desc)`:
+    common.saved_figures, which evaluates an encoder as saved."""
+    # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
+    # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
+    # random draw, a seed's rather than the encoder's
+    name = Path(args.model).name or args.model
+    label = f"untrained {name} [{'cls: its pretrained pooler' if pooler == 'cls' else pooler}]"
+    row = {"label": label, "model": args.model, "pooler": pooler}
+    pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(args.sts_dir, t).items()}
+             for t in STS_TASKS}
+    made_of = key(args.model, pooler, pairs)
+    path = where(made_of, args.sts_dir, args.cache_dir) if made_of else None
+    if path and (figures := read(path, made_of, STS_TASKS)) is not None:
+        return {**row, **figures, "kept_in": str(path), "reused": True}
+    figures = evaluate(args.model, pooler, args.sts_dir, f"untrained {name}")
+    if path and write(path, made_of, figures):
+        return {**row, **figures, "kept_in": str(path), "reused": False}
+    return {**row, **figures}

@@ -1,20 +1,36 @@
-"""The run folder (--output_dir), named and opened by common.start (RunFolder.named, .open), where
-train() keeps its log, last/ and best/ (RunFolder.of). Its record: args.json (the flags), run.json
-(the script; the data's fingerprint and the code's: the script and common.py) and code/ (copies of
-both as the run started). Four rules:
-1. A run writes only into a folder it made, an empty one, or its own run folder (run.json, and
-   nothing but what a run writes): any other is refused before anything is written; nothing is
-   written in place while another name shares the file (a hard link).
-2. A refused command changes nothing on disk: every check comes before the first write.
-3. Nothing is loaded before it is verified: last/state.pt's checksum before torch.load; a
-   checkpoint or a best/ that cannot be shown to be this run's (its identity: script, stage,
-   flags, data, code) is refused with what to do.
-4. A write the system refuses ends in one line that names what is intact (errors.writing).
-A run that trains several models (rcl.py) keeps each in a stage of its own (Stage)."""
+"""The run folder (--output_dir): its name, who may write into it, the lock, the record, and the line a
+stop ends in. Opened by plumbing/start.py (RunFolder.named, then open), handed down from there: common.start
+returns it, common.train writes into it, rcl.py trains its entropy models in its stages (RunFolder.stage).
+What a checkpoint holds and how it is read back is plumbing/checkpoint.py's.
+
+    args.json    the flags, as resolved (written last: a folder with args.json holds the whole record)
+    run.json     the script, this version's FORMAT, the SHA-256 of the data, of each other input and of
+                 each module of the code that ran
+    code/        copies of that code, as it ran: what `diff` compares an edit with
+    metrics.jsonl, last/, best/   the log and the checkpoints (plumbing/checkpoint.py)
+    run.lock     who holds the folder (the lock itself is the system's, on the folder)
+
+The rules, and the function that keeps each:
+1. A run writes only into a folder it made, an empty one, or its own run folder, and nothing else is
+   in it (refuse_unless_ours, foreign_entry): a mistyped --output_dir (a folder of yours, a home
+   folder) is refused, never filled or, worse, cleaned up.
+2. A refused command changes nothing on disk: every check comes before the first write (open: the folder
+   made, held, checked, then the record; a refusal removes the folder it made).
+3. --resume continues this run and no other: the flags, data, inputs, script and code must be the ones
+   the record holds (refuse_unless_ours). An edited script is another run: in the default folder it
+   goes to a folder of its own (named), so that an edit and its original never mix in one log.
+4. One process at a time (hold): the system's lock on the folder, which dies with the process
+   (kill -9 too), so a dead run never blocks its --resume.
+5. The record tells the truth (write_record): the code as it ran (code_record), not as it is on the
+   disk now; written once, when the run starts.
+6. A stop or a failed write ends in one line that says what is intact and what to run next (after_a_stop,
+   kept, kept_in, next_command); a NaN loss says where the best model is (nan_error).
+A run that trains several models (rcl.py) keeps each but its own in a stage (Stage), a folder inside
+the run folder with its own log and checkpoints, reused by --resume once finished.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -27,14 +43,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from plumbing import atomic_writes, code_record
-from plumbing.atomic_writes import atomic_dir, no_follow, recover_dir, sha256_file, write_text_atomic
+from plumbing import atomic_writes, checkpoint, code_record
+from plumbing.atomic_writes import recover_dir, sha256_file, write_text_atomic
+from plumbing.checkpoint import CHECKSUM, FORMAT
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
-from plumbing.flags import NOT_TRAINING, default_output_dir, script_name
-from plumbing.inputs import describe_entry, model_folder_problem, read_json_object
+from plumbing.flags import NOT_TRAINING, default_output_dir, flags_of, script_name
+from plumbing.inputs import model_folder_problem, read_json_object
 from plumbing.ranks import barrier, world
 
 try:
@@ -42,23 +57,20 @@ try:
 except ImportError:                    # Windows: no lock
     fcntl = None
 
-CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
 DONE = "DONE.json"              # a stage's summary, written once the stage is complete
 LOCK = "run.lock"               # names the process that holds the folder
 CODE = "code"                   # copies of the files that shape training, as the run started
-FORMAT = 3                      # this version's record and checkpoints: all the code that ran, the inputs
 # what a run writes into its folder, and into a stage's; their hidden temporaries are named after them
 RUN_ENTRIES = {"args.json", "run.json", "metrics.jsonl", LOCK, CODE, "last", "best"}
 STAGE_ENTRIES = {"metrics.jsonl", "last", "best", "end", DONE}
 TEMPORARY = re.compile(r"\.(.+?)(\.old|\.tmp-\w+|\.\d+\.tmp)")
-CHECKPOINT_KEYS = {"model", "opt", "sched", "step", "best", "best_step", "dev", "log_bytes", "rng_cpu", "run"}
 NO_CHECKPOINT = "no checkpoint was written yet"
 UNWRITABLE = "--output_dir {}: cannot be written ({}). Choose a folder you can write to."
 
-# the run folder this command named (common.start): what a stop or a failed write says is intact,
-# where train() writes; its lock lives with it
-_held: dict[str, RunFolder] = {}
 
+# -------------------------------------------------------------------------------------
+# Naming: the code a run records, and the folder a run goes to
+# -------------------------------------------------------------------------------------
 
 def code_files(args: Any) -> dict[str, Path]:
     """The code a run records, by its path in the repository: its script, common.py and plumbing/ (which
@@ -76,10 +88,12 @@ def code_id(code: dict[str, str], digits: int = 6) -> str:
     return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:digits]
 
 
-def flags_of(args: Any, leave_out: tuple[str, ...] = ()) -> dict:
-    """The flags as args.json holds them, but those in `leave_out`."""
-    flags = json.loads(json.dumps(dataclasses.asdict(args), default=str))
-    return {k: v for k, v in flags.items() if k not in leave_out}
+def recorded_code(folder: Path) -> Any:
+    """The code a run folder's run.json records, or None where there is none to read."""
+    try:
+        return read_json_object(folder / "run.json").get("code")
+    except ValueError:
+        return None
 
 
 def read_record(path: Path, remedy: str = "Put the file back, or train the run again in another "
@@ -96,9 +110,13 @@ def read_record(path: Path, remedy: str = "Put the file back, or train the run a
 def elsewhere(out: Path) -> str:
     """What to do instead: another folder beside `out` that does not exist yet (out-2, out-3, ...)."""
     out = out if out.name else out / "run"
-    k = next(k for k in range(2, 10**6) if not _try(out.with_name(f"{out.name}-{k}").exists))
+    k = next(k for k in range(2, 10**6) if not os.path.lexists(out.with_name(f"{out.name}-{k}")))
     return f"choose another --output_dir, e.g. {out.with_name(f'{out.name}-{k}')}"
 
+
+# -------------------------------------------------------------------------------------
+# Admission (rules 1-3): which folders a run may write into
+# -------------------------------------------------------------------------------------
 
 def holds_nothing(folder: Path) -> bool:
     """A folder that is not there, or holds only a lock or temporary names (a run stopped at once)."""
@@ -110,13 +128,12 @@ def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None
     """The first entry of `folder` that no run writes there (another folder is a stage), or None."""
     for entry in sorted(folder.iterdir()):
         name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
-        if (what := describe_entry(entry)) is not None:
-            return f"{entry} is {what}"
         if name in allowed and name in ("last", CODE) and entry.is_dir():
-            # last/: its two files; code/: copies of the modules that ran (*.py, plumbing/*.py)
-            copies = [p for p in sorted(entry.rglob("*")) if describe_entry(p) is None and (
-                p.is_file() and p.suffix == ".py" and p.parent in (entry, entry / "plumbing")
-                or p == entry / "plumbing" and p.is_dir())]
+            # last/: its two files; code/: copies of the modules that ran (*.py, plumbing/*.py). A file of
+            # the user's saved inside would go with the next checkpoint's swap, unseen
+            copies = [p for p in sorted(entry.rglob("*")) if
+                      p.is_file() and p.suffix == ".py" and p.parent in (entry, entry / "plumbing")
+                      or p == entry / "plumbing" and p.is_dir()]
             inside = {entry / "state.pt", entry / CHECKSUM} if name == "last" else set(copies)
             if stray := next((p for p in sorted(entry.rglob("*")) if p not in inside), None):
                 return f"{stray} is not a file a run writes"
@@ -127,11 +144,13 @@ def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None
 
 
 class RunFolder:
-    """This command's run folder (common.start), a stage inside it (rcl.py's entropy models), or a bare
-    folder (train() called alone, in a test). Rank 0 writes; a refused write ends in one line."""
+    """This command's run folder (plumbing/start.py opens it), a stage inside it (Stage), or a bare folder
+    (train() called alone, in a test). Rank 0 writes; a refused write ends in one line. `device`: the one
+    this process trains on, set by start."""
 
-    def __init__(self, args: Any, out: str | Path | None = None, stage: str = ""):
-        self.args, self.out, self.stage = args, Path(out or args.output_dir), stage
+    def __init__(self, args: Any, out: str | Path | None = None, stage: str = "", device: Any = None):
+        self.args, self.out, self.stage_name = args, Path(out or args.output_dir), stage
+        self.device = device                  # set by plumbing/start.py: the one this process trains on
         self.log = self.out / "metrics.jsonl"
         self.main = world()[0] == 0
         self.resuming = bool(getattr(args, "resume", False))
@@ -157,6 +176,10 @@ class RunFolder:
                 self._inputs[flag] = sha256_file(path)
         return self._inputs
 
+    # ---------------------------------------------------------------------------------
+    # Naming, admission and the lock (rules 1-4), then the record (rule 5)
+    # ---------------------------------------------------------------------------------
+
     @classmethod
     def named(cls, args: Any) -> RunFolder:
         """This command's run folder: --output_dir, or runs/<script>/<the flags that differ>; when that
@@ -168,14 +191,11 @@ class RunFolder:
             raise UserError(problem)                # the script saved during the launch: what ran is unknown
         if not args.output_dir:
             fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
-            mine = [f for f in (base, fresh) if _try(lambda: read_json_object(f / "run.json")["code"]) ==
-                    run.code]
+            mine = [f for f in (base, fresh) if recorded_code(f) == run.code]
             run.out = mine[0] if mine else base if holds_nothing(base) or args.resume else fresh
             args.output_dir, run.log, run.fresh = str(run.out), run.out / "metrics.jsonl", fresh
             if run.out == fresh and run.main:
                 print(f"note: {base} holds a run of other code: this one goes to {fresh}", file=sys.stderr)
-        release_run_folders()                               # an earlier command's in this process
-        _held[str(run.out.resolve())] = run
         return run
 
     def open(self) -> None:
@@ -221,10 +241,12 @@ class RunFolder:
         except OSError:
             return
 
-        def holder() -> str:
-            with open(self.out / LOCK, opener=no_follow) as f:
-                return f.read(500).strip()
-        raise UserError(f"--output_dir {self.out} is in use by {_try(holder) or 'another process'}. One "
+        try:
+            with open(self.out / LOCK) as f:
+                holder = f.read(500).strip()
+        except (OSError, ValueError):       # gone since, or not text: the lock alone is the truth
+            holder = ""
+        raise UserError(f"--output_dir {self.out} is in use by {holder or 'another process'}. One "
                         f"process at a time trains in a run folder: wait for that one to end (or stop it), "
                         f"then continue the run with --resume; or choose another --output_dir.")
 
@@ -242,11 +264,14 @@ class RunFolder:
                 raise UserError(f"--resume: no run in {out} to continue. Run without --resume to start, "
                                 f"or point --output_dir at the earlier run.")
             return
-        if not out.is_dir() or describe_entry(out) is not None:
+        if not out.is_dir():
             raise UserError(f"--output_dir {out}: is a file; it must be a folder (the run folder). Pass a "
                             f"new folder's path, or that of a run to --resume.")
         has = {name: (out / name).is_file() for name in ("run.json", "args.json")}
-        record = _try(lambda: read_json_object(out / "run.json")) or {}      # damaged: read_record says so
+        try:
+            record = read_json_object(out / "run.json")
+        except ValueError:          # missing, or damaged: read_record says which below
+            record = {}
         why = foreign_entry(out, RUN_ENTRIES)
         if not (has["run.json"] and (not record or "script" in record) or has["args.json"] and not record):
             why = why or (f"{out / 'run.json'} is not a run's record" if has["run.json"] else "no run.json")
@@ -254,13 +279,8 @@ class RunFolder:
                             f"writes only into a new or empty folder, or its own, so that nothing else is "
                             f"overwritten: {elsewhere(out)}.")
         if why:
-            raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, and "
-                            f"a run never writes through a link or over a file of yours: remove it (or put "
-                            f"a copy of what a link points to in its place), or {elsewhere(out)}.")
-        if record and not isinstance(record.get("code", {}), dict):
-            raise UserError(f"{out / 'run.json'}: damaged (its \"code\" is not a list of files and their "
-                            f"SHA-256), and left as it is: what this run was cannot be checked against it. "
-                            f"To train again, {elsewhere(out)}.")
+            raise UserError(f"--output_dir {out}: {why}. A run folder holds only what its own run wrote, so "
+                            f"that a run never writes over a file of yours: remove it, or {elsewhere(out)}.")
         if not has["run.json"] or record and ("code" not in record or record.get("format") != FORMAT):
             raise UserError(f"--output_dir {out}: an earlier version of this project started this run and "
                             f"did not record its code as this one does (every module that ran, and every "
@@ -296,7 +316,8 @@ class RunFolder:
         self.record = run
         # a run's second evaluation record comes after its first checkpoint was committed
         if self.log.is_file() and self.log.read_text("latin-1").count('"stsb_dev"') > 1 and not any(
-                (out / d / "state.pt").is_file() for d in ("last", ".last.old")) and self.finished() is None:
+                (out / d / "state.pt").is_file() for d in ("last", ".last.old")) \
+                and checkpoint.finished(self) is None:
             raise UserError(f"--resume: {out} wrote checkpoints (its log records evaluations), but "
                             f"{out / 'last'} is gone and the run had not finished: there is nothing to "
                             f"continue from. To train again, {elsewhere(out)}.")
@@ -328,6 +349,28 @@ class RunFolder:
                 (self.out / name).parent.mkdir(parents=True, exist_ok=True)
                 atomic_writes.write_atomic(self.out / name, lambda f, data=data: f.write(data))
 
+    # ---------------------------------------------------------------------------------
+    # The log: metrics.jsonl, one JSON record a line
+    # ---------------------------------------------------------------------------------
+
+    def write(self, record: dict) -> None:
+        """One record of metrics.jsonl, appended to this name's own file."""
+        if self.main:
+            with writing(str(self.log), self.kept), self.own_log("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def own_log(self, mode: str):
+        """metrics.jsonl to write in place: this name's alone (a hard link keeps its content), no link."""
+        return open(atomic_writes.unshared(self.log), mode)
+
+    def stage(self, name: str, settings: dict) -> Stage:
+        """A model this run trains before its own (rcl.py's entropy models), in its folder `name`."""
+        return Stage(self, name, settings)
+
+    # ---------------------------------------------------------------------------------
+    # What a stop says (rule 6): what is intact, and what to run next
+    # ---------------------------------------------------------------------------------
+
     def after_a_stop(self, command: list[str]) -> str:
         """The line after Ctrl-C, SIGTERM, SIGHUP: what is kept, and the command that goes on from there
         (`command`: this one as typed), printed whole; --resume added where it continues the run."""
@@ -348,201 +391,10 @@ class RunFolder:
     def next_command(self) -> str:
         return f"the same command {'plus --resume continues' if self.record else 'starts the run'}"
 
-    def finished(self) -> dict | None:
-        """The final figures of a run that had ended (best/test_metrics.json), once best/ is shown to be
-        this run's model; None for a run that goes on."""
-        best = self.out / "best"
-        figures, dev = (_try(lambda n=n: read_json_object(best / f"{n}_metrics.json"))
-                        for n in ["test", "dev"])
-        if figures is None or dev is None:
-            return None
-        if diffs := self.not_mine(dev.get("run")):
-            raise UserError(f"{best}: not this run's model ({', '.join(diffs[:3])}); it is left as it is. "
-                            f"Train the run again in another --output_dir.")
-        return figures
-
-    @classmethod
-    def of(cls, args: Any) -> RunFolder:
-        """The folder train() writes into: this command's, a stage inside it, or a bare one."""
-        path = Path(args.output_dir).resolve()
-        for run in _held.values():
-            if path == run.out.resolve():
-                return run
-            if path.parent == run.out.resolve():
-                stage = cls(args, path, path.name)
-                stage.record = run.record
-                return stage
-        return cls(args)
-
-    @property
-    def identity(self) -> dict:
-        """What every checkpoint and best/ carry: the script, stage, training flags, data and code."""
-        return {"format": FORMAT, "script": f"{script_name(self.args)}.py", "stage": self.stage,
-                "data_sha256": self.data_sha256, "inputs": self.inputs, "code": self.code,
-                "flags": flags_of(self.args, (*NOT_TRAINING, "data"))}
-
-    def write(self, record: dict) -> None:
-        """One record of metrics.jsonl, appended to this name's own file."""
-        if self.main:
-            with writing(str(self.log), self.kept), self.own_log("a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def own_log(self, mode: str):
-        """metrics.jsonl to write in place: this name's alone (a hard link keeps its content), no link."""
-        return open(atomic_writes.unshared(self.log), mode, opener=no_follow)
-
-    def save_last(self, state: dict) -> None:
-        """last/, the one commit point: `state` (train()'s checkpoint) with the log's length, the log
-        synced first (a resume cuts the log back there), its SHA-256 beside it; swapped in whole."""
-        with writing(str(self.log), self.kept):
-            atomic_writes.sync_to_disk(self.log)
-        state = {**state, "log_bytes": self.log.stat().st_size}
-        with writing(str(self.out / "last"), self.kept), atomic_dir(self.out / "last") as tmp:
-            with open(tmp / "state.pt", "wb") as f:
-                torch.save(state, f)    # a file, not a path: the system's error (ENOSPC, ...) reaches here
-            # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
-            (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
-        self.step = state["step"]
-
-    def save_best(self, record: dict, saved: tuple) -> None:
-        """best/: the encoder (and MLP) as a model folder (`saved`: encoder, tokenizer, pooler, mlp),
-        with the flags and its dev figures, which carry the run's identity."""
-        extra = {"args.json": flags_of(self.args), "dev_metrics.json": {**record, "run": self.identity}}
-        with writing(str(self.out / "best"), self.kept):
-            save_pretrained_dir(self.out / "best", *saved, extra=extra)
-
-    def drop_last(self) -> None:
-        """A finished run keeps best/ and its records; last/ (about 3x the model) served to continue it."""
-        if self.main:
-            shutil.rmtree(self.out / "last", ignore_errors=True)
-
-    def load_last(self) -> dict | None:
-        """--resume: last/'s checkpoint, verified (its checksum, then data only, then the run's identity),
-        or None for a run stopped before its first one (its log emptied: it starts from step 0)."""
-        last = self.out / "last" / "state.pt"
-        if not last.exists():
-            if self.main:
-                self.cut_log(0)
-                print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
-            return None
-        recorded, whole = last.with_name(CHECKSUM), (
-            f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > {CHECKSUM}` in "
-            f"{last.parent}); else train the run again in another --output_dir.")
-        digest = _try(lambda: (recorded.read_bytes().split() or [b""])[0])
-        if digest is None or not re.fullmatch(rb"[0-9a-f]{64}", digest):
-            raise UserError(f"{recorded}: missing, or not a SHA-256 line, so {last} cannot be shown whole; "
-                            f"both are left as they are. {whole}")
-        if digest.decode() != sha256_file(last):       # damaged on the disk, or replaced: not unpickled
-            raise UserError(self.damaged(last, f"its SHA-256 is not the one in {CHECKSUM}, written with it: "
-                                               f"damaged on the disk, or replaced"))
-        try:    # onto the CPU: RNG states stay CPU byte tensors; load_state_dict moves the rest
-            state = torch.load(last, map_location="cpu", weights_only=True)
-        except Exception as e:      # no checkpoint: UnpicklingError, EOFError, IndexError, struct.error
-            raise UserError(self.damaged(last, e))
-        if not isinstance(state, dict) or not CHECKPOINT_KEYS <= state.keys():
-            raise UserError(self.damaged(last, "it lacks what a checkpoint of this version holds"))
-        if diffs := self.not_mine(state["run"]):
-            raise UserError(self.damaged(last, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
-        return state
-
-    def not_mine(self, then: Any) -> list[str]:
-        """How an identity (a checkpoint's, best/'s) differs from this run's: [] when it is this run's."""
-        now, then = self.identity, then if isinstance(then, dict) else {}
-        if then.get("format") != FORMAT:
-            return ["written by an earlier version of this project, which did not record the code"]
-        stage = f"the stage {then.get('stage')}" if then.get("stage") else "the run's own model"
-        diffs = [what for key, what in (("script", f"the script {then.get('script')}"), ("stage", stage),
-                                        ("data_sha256", "other data")) if then.get(key) != now[key]]
-        flags, code, files = (then.get(k) if isinstance(then.get(k), dict) else {} for k in
-                              ("flags", "code", "inputs"))
-        diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
-                  if flags.get(k) != v]
-        diffs += [f"--{k} {getattr(self.args, k)}: its content changed since" for k, v in
-                  now["inputs"].items() if files.get(k) != v]
-        return diffs + [f"{f} of other code" for f in now["code"] if code.get(f) != now["code"][f]]
-
-    @contextlib.contextmanager
-    def restoring(self):
-        """Where train() puts last/'s state back: one that does not fit (another model's) is one line."""
-        try:
-            yield
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-            raise UserError(self.damaged(self.out / "last" / "state.pt", e)) from e
-
-    def resumed(self, state: dict, saved: tuple) -> None:
-        """After train() put `state` back: best/ checked (lost, or another run's: one line; one that fell
-        behind last/ saved again from `saved`), the log cut back to last/'s length: one run."""
-        step, best_step = state["step"], state["best_step"]
-        problem = self.best_problem(best_step, state["best"]) if self.main and best_step else None
-        if problem and (best_step != step or "another run's" in problem):
-            lost = f" The model of step {best_step}, the best STS-B dev, was kept only there (last/ holds " \
-                   f"step {step})." if best_step != step else ""
-            raise UserError(f"{self.out / 'best'}: {problem}.{lost} Train the run again in another "
-                            f"--output_dir (or move {self.out} away first).")
-        if self.main:
-            self.cut_log(state["log_bytes"])
-            if problem:
-                self.save_best(state["dev"], saved)
-            print(f"resuming {self.out} at step {step} (best STS-B dev {state['best']:.2f} at step "
-                  f"{best_step})", file=sys.stderr)
-        self.step = step
-
-    def best_problem(self, best_step: int, best: float) -> str | None:
-        """What is wrong with best/ as this run's model of step `best_step` (STS-B dev `best`), or None."""
-        folder = self.out / "best"
-        if problem := model_folder_problem(folder):
-            return problem
-        saved = _try(lambda: read_json_object(folder / "dev_metrics.json"))
-        if saved is None:
-            return f"{folder / 'dev_metrics.json'} is missing or damaged"
-        if diffs := self.not_mine(saved.get("run")):
-            return f"it is another run's model ({', '.join(diffs[:3])})"
-        if saved.get("step") != best_step or saved.get("stsb_dev") != best:
-            return f"it holds the model of step {saved.get('step')} (STS-B dev {saved.get('stsb_dev')}), " \
-                   f"not of step {best_step} ({best})"
-        return None
-
-    def verified_best(self, best_step: int, best: float) -> Path:
-        """best/, shown to be this run's model of step `best_step`: what the final report loads."""
-        if problem := self.best_problem(best_step, best):
-            raise UserError(f"{self.out / 'best'}: {problem}. This run's best model is lost: train the run "
-                            f"again in another --output_dir.")
-        return self.out / "best"
-
-    def cut_log(self, size: int) -> None:
-        """metrics.jsonl cut back to its length when last/ was written, to the end of a whole line."""
-        if not os.path.lexists(self.log):
-            return
-        with writing(str(self.log), self.kept), self.own_log("rb+") as f:
-            log = f.read()
-            if len(log) < size:
-                print(f"note: {self.log} is shorter than when {self.out / 'last'} was written (edited or "
-                      f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
-            os.ftruncate(f.fileno(), log.rfind(b"\n", 0, size) + 1)
-
-    def damaged(self, last: Path, e: Exception | str) -> str:
-        """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why)."""
-        reason = e if isinstance(e, str) else (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        if "Weights only load failed" in str(e):
-            reason = "it holds objects other than tensors and numbers, which loading would run as code"
-        step = _try(lambda: read_json_object(self.out / "best" / "dev_metrics.json")["step"])
-        good = f"{self.out / 'best'} (the model of step {step}) and " if step is not None else ""
-        return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
-                f"{good}{self.log}. This run cannot continue from it: train it again in another "
-                f"--output_dir (or move {self.out} away first).")
-
     def nan_error(self, step: int, best_step: int) -> UserError:
         kept = f"is kept in {self.out / 'best'}" if best_step else "was not saved yet"
         return UserError(f"the loss became NaN or infinite by step {step}. Training stopped; the best "
                          f"checkpoint so far {kept}. Try a lower --lr, or check the data for bad lines.")
-
-
-def _try(read: Any) -> Any:
-    """read(), or None when what it reads is missing or not what it should be."""
-    try:
-        return read()
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
 
 
 def kept_in(folder: Path, step: int | None = None) -> str:
@@ -559,65 +411,62 @@ def kept_in(folder: Path, step: int | None = None) -> str:
         (f"; finished and kept: {', '.join(finished)}" if finished else "")
 
 
-def current() -> RunFolder | None:        # the run folder this command named (common.start), if any
-    return next(iter(_held.values()), None)
-
-
-def release_run_folders() -> None:
-    """Let go of the run folder this command held (run_main's end, a test's)."""
-    for run in _held.values():
-        run.release()
-    _held.clear()
-
-
 def write_json(path: Path, obj: Any) -> None:
     """A small JSON file of the run, written whole or not at all; a failed write: one line."""
     with writing(str(path)):
         write_text_atomic(path, json.dumps(obj, indent=2))
 
 
-class Stage:
-    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its own
-    in the run folder. Complete (end/, DONE.json), it is reused by --resume, held to its settings;
-    unfinished, it continues from its last/, or starts again."""
+# -------------------------------------------------------------------------------------
+# Stages: the models a run trains before its own
+# -------------------------------------------------------------------------------------
 
-    def __init__(self, out: str | Path, name: str, settings: dict):
-        self.path, self.settings = Path(out) / name, settings
+class Stage(RunFolder):
+    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its own in
+    the run folder, held with it (one lock, one record): common.train writes its log and checkpoints as
+    it does the run's, and its identity names the stage, so one stage's last/ never continues another.
+    Complete (end/, DONE.json), it is reused by --resume, held to its `settings`; unfinished, it
+    continues from its last/, or starts again."""
+
+    def __init__(self, run: RunFolder, name: str, settings: dict):
+        super().__init__(dataclasses.replace(run.args, output_dir=str(run.out / name)), run.out / name, name,
+                         run.device)
+        self.settings = settings
+        self.record = run.record        # recorded with the run: a stop inside it says --resume continues
 
     def finished(self) -> dict | None:
         """Its summary if complete (DONE.json), or None; refused if trained with other settings."""
-        if not (self.path / DONE).is_file():
+        if not (self.out / DONE).is_file():
             return None
-        again = f"Delete {self.path} to train this model again (the run's other parts are kept), or use " \
+        again = f"Delete {self.out} to train this model again (the run's other parts are kept), or use " \
                 f"another --output_dir."
-        summary = read_record(self.path / DONE, again)
+        summary = read_record(self.out / DONE, again)
         for kept in ("end", "best"):        # the weights a finished stage hands on
-            if (problem := model_folder_problem(self.path / kept)) and (self.path / kept).exists():
+            if (problem := model_folder_problem(self.out / kept)) and (self.out / kept).exists():
                 raise UserError(f"--resume: {problem}. {again}")
         if diff := [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]:
-            raise UserError(f"--resume: {self.path} was trained with a different "
+            raise UserError(f"--resume: {self.out} was trained with a different "
                             f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
-                            f"--output_dir, or delete {self.path} to train it again.")
-        if world()[0] == 0:
-            shutil.rmtree(self.path / "last", ignore_errors=True)   # if a kill came before its removal
+                            f"--output_dir, or delete {self.out} to train it again.")
+        checkpoint.drop_last(self)      # if a kill came between DONE.json and last/'s drop
         return summary
 
     def open(self) -> None:
         """Before the stage trains: what a kill during a commit left, put back; its folder made."""
         if world()[0] == 0:
             for kept in ("best", "end", "last"):       # a stage with no last/ starts again from step 0
-                recover_dir(self.path / kept)
-            with writing(str(self.path), lambda: kept_in(self.path)):
-                self.path.mkdir(parents=True, exist_ok=True)
+                recover_dir(self.out / kept)
+            with writing(str(self.out), lambda: kept_in(self.out)):
+                self.out.mkdir(parents=True, exist_ok=True)
         barrier()
 
     def finish(self, summary: dict, encoder, tokenizer, pooler: str) -> None:
         """The stage complete, in the order a kill may interrupt: end/, DONE.json, last/ dropped."""
         if world()[0] == 0:
-            kept = kept_in(self.path, summary.get("steps"))       # last/ holds the step it ended at
-            with writing(str(self.path / "end"), kept):
-                save_pretrained_dir(self.path / "end", encoder, tokenizer, pooler)
-            with writing(str(self.path / DONE), kept):
-                write_text_atomic(self.path / DONE, json.dumps({**self.settings, **summary}, indent=2))
-            shutil.rmtree(self.path / "last", ignore_errors=True)
+            kept = kept_in(self.out, summary.get("steps"))       # last/ holds the step it ended at
+            with writing(str(self.out / "end"), kept):
+                save_pretrained_dir(self.out / "end", encoder, tokenizer, pooler)
+            with writing(str(self.out / DONE), kept):
+                write_text_atomic(self.out / DONE, json.dumps({**self.settings, **summary}, indent=2))
+        checkpoint.drop_last(self)
         barrier()

@@ -6,6 +6,16 @@
 Without --out: <data>.de.<mt_model>.txt beside --data (or under --cache_dir), made by `python ifcl.py` too
 on its first run (rank 0 under torchrun). Batched by length, bf16 on CUDA, the batch halved when out of GPU
 memory; resumable (<out>.part, described by <out>.part.json); <out> appears only when every line is done.
+
+The rules, and the function that keeps each:
+1. A translation killed after hours goes on where it was (translate_file): the lines done are kept in
+   <out>.part, synced a chunk at a time, and a chunk a kill cut is translated again whole (the same
+   batches, so the same lines); <out>.part.json holds the input and settings it may go on with.
+2. The German file is line for line the English one (translate_file): an empty translation keeps its
+   English line, and a file of another length is refused, so that x and x^- stay pairs.
+3. Under torchrun rank 0 translates and the others wait for the file or its failure (make_fraternal_file,
+   wait_for_file): a barrier would time out over hours.
+4. Everything the file needs is checked before ifcl.py writes anything (fraternal_file).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from typing import Any
 import torch
 
 from plumbing import downloads, inputs
-from plumbing.atomic_writes import no_follow, write_text_atomic
+from plumbing.atomic_writes import write_text_atomic
 from plumbing.errors import UserError
 from plumbing.flags import arg, parse_args
 from plumbing.progress import progress
@@ -130,10 +140,6 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     src = inputs.read_sentences(args.data, "--data")
     out = Path(args.out) if args.out else default_fraternal_path(args.data, args.mt_model, args.cache_dir)
     part, meta = out.with_name(out.name + ".part"), out.with_name(out.name + ".part.json")
-    for own in (part, meta):        # files of this translation's own: nothing is written through a link
-        if what := inputs.describe_entry(own) or (own.is_dir() and "a folder"):
-            raise UserError(f"{own} is {what}: a translation writes only into files of its own, never "
-                            f"through a link. Remove it (or put a copy of what it points to in its place).")
     if out.exists():
         if (k := inputs.count_lines(out)) == len(src):
             print(f"{out}: already complete ({k} lines)", file=sys.stderr)
@@ -153,7 +159,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
             raise UserError(f"{part} is an unfinished translation of other input or settings "
                             f"({meta} says {old}). Delete both files to start afresh, or rerun "
                             f"with the earlier flags.")
-        with open(part, "r+b", opener=no_follow) as f:
+        with open(part, "r+b") as f:
             raw = f.read()
             f.truncate(raw.rfind(b"\n") + 1)            # a line cut by the kill is translated again
         done = raw.count(b"\n")
@@ -168,7 +174,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
-            open(part, "xb", opener=no_follow).close()
+            open(part, "xb").close()
         # NOTE(ours): the paper says only "T5"; t5-base with T5's own task prefix by default
         t5 = "translate English to German: " if model.config.model_type == "t5" else ""
         prefix = t5 if args.prefix == "auto" else args.prefix
@@ -179,7 +185,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
         first = done - done % args.chunk_size
         empty, t0 = 0, time.perf_counter()
         with progress(total=len(src), desc="translating", unit="sent", initial=first) as bar, \
-                open(part, "a", encoding="utf-8", opener=no_follow) as f:
+                open(part, "a", encoding="utf-8") as f:
             for c0 in range(first, len(src), args.chunk_size):
                 chunk = src[c0:c0 + args.chunk_size]
                 lines, batch_size = translate_chunk(model, tok, chunk, args, prefix, device,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from plumbing import run_folder
+from plumbing import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_ROOT = Path(os.environ["CSE_DATA_ROOT"]).resolve() if os.environ.get("CSE_DATA_ROOT") else ROOT
@@ -517,7 +517,7 @@ def _release_run_folders():
     """A run folder is held (locked) by the process that trains in it until that process ends;
     tests run many trainings in one process, so each test lets its folders go."""
     yield
-    run_folder.release_run_folders()
+    command_line.let_go()
 
 
 @pytest.fixture(scope="session")

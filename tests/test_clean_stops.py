@@ -18,7 +18,7 @@ import common
 from conftest import Held
 from plumbing import command_line, downloads
 from plumbing.progress import progress
-from tools import translate
+from plumbing.sts_data import check_sts
 
 
 def screen(stream: str, width: int = 200) -> list[str]:
@@ -105,32 +105,19 @@ def closed_address() -> str:
 def test_a_failed_download_leaves_no_folder_it_made(what, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(common.UserError, match="could not download"):
-        downloads.download("fresh/data", common.check_sts, closed_address(), what=[what])
+        downloads.download("fresh/data", check_sts, closed_address(), what=[what])
     assert not (tmp_path / "fresh").exists()
     (tmp_path / "data").mkdir()                      # a folder that was there stays, and what it holds
     (tmp_path / "data" / "mine.txt").write_text("kept\n")
     with pytest.raises(common.UserError, match="could not download"):
-        downloads.download("data", common.check_sts, closed_address(), what=[what])
+        downloads.download("data", check_sts, closed_address(), what=[what])
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["mine.txt"]
 
 
 def test_the_free_space_named_is_where_the_download_goes(tmp_path):
     """The STS archive is fetched into a temporary folder, gone once it fails: not the one named."""
     with pytest.raises(common.UserError, match=rf"the free disk space in {tmp_path / 'data'}, or fetch"):
-        downloads.download(tmp_path / "data", common.check_sts, closed_address(), what=["sts"])
-
-
-@pytest.mark.parametrize("which", [".part", ".part.json"])
-def test_a_link_where_the_translation_writes_is_refused_not_written_through(which, tmp_path, parallel,
-                                                                             tiny_mt):
-    out = tmp_path / "de.txt"
-    elsewhere = tmp_path / "elsewhere.txt"            # not there yet: a link to it would create it
-    (tmp_path / f"de.txt{which}").symlink_to(elsewhere)
-    with pytest.raises(common.UserError, match=rf"^{tmp_path / 'de.txt'}{re.escape(which)} is a symbolic "
-                                               rf"link \(to {elsewhere}\): a translation writes only into "
-                                               rf"files of its own, never through a link\. Remove it"):
-        translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--out", str(out)])
-    assert not elsewhere.exists() and not out.exists()
+        downloads.download(tmp_path / "data", check_sts, closed_address(), what=["sts"])
 
 
 def test_a_script_the_suite_starts_meets_ctrl_c_and_a_hangup_as_from_a_terminal():

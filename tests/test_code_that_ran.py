@@ -2,8 +2,8 @@
 never recorded as what ran; an edit of any of the repository's modules (plumbing/ too) makes --resume
 refuse, naming the file; IFCL's German file edited between a stop and --resume is refused; a signal
 that lands inside torch.save is a stop (exit 143, its line with the command that continues), not a
-failed write; and the smaller points of the record (a damaged "code", a folder holding only a lock, a
-linked script, a finished run's last/ left by a kill, an STS file far too large)."""
+failed write; and the smaller points of the record (a folder holding only a lock, a linked script, a
+finished run's last/ left by a kill)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import common
 import ifcl
 import simcse
 from conftest import ENV, ROOT, Held
-from plumbing import run_folder
+from plumbing import checkpoint, run_folder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LOSS_LINE = "    return F.cross_entropy(sim / tau, labels)"                 # simcse_loss's last line
@@ -44,10 +44,10 @@ def test_an_edit_saved_while_a_run_starts_is_not_recorded_as_what_ran(tmp_path, 
     and says that the files changed since. --resume with the edits in place is refused naming each;
     with the files put back it is this run again."""
     clone, out = _clone(tmp_path), tmp_path / "run"
-    common_py = (clone / "common.py").read_text()
+    start_py = (clone / "plumbing" / "start.py").read_text()      # common.start's checks, then the record
     hold = "    run.open()              # held by this process"
-    assert hold in common_py
-    (clone / "common.py").write_text(common_py.replace(hold, (
+    assert hold in start_py
+    (clone / "plumbing" / "start.py").write_text(start_py.replace(hold, (
         "    import os as _o, time as _t\n"
         "    if _o.environ.get('HOLD'):\n"
         "        open(_o.environ['HOLD'] + '.held', 'w').close()\n"
@@ -188,19 +188,6 @@ def test_the_german_file_edited_between_a_stop_and_resume_is_refused(tmp_path, t
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run.lock"} == before
 
 
-def test_a_record_whose_code_is_not_a_table_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts,
-                                                                 capsys):
-    out = tmp_path / "run"
-    argv = _argv(tiny_bert, data, small_sts, tmp_path, "--output_dir", str(out))
-    assert _run(argv, capsys)[0] == 0
-    record = json.loads((out / "run.json").read_text())
-    for bad in ("simcse.py", None, ["simcse.py"]):
-        (out / "run.json").write_text(json.dumps({**record, "code": bad}))
-        code, err = _run(argv + ["--resume"], capsys)
-        assert code == 2 and "Traceback" not in err, err[-3000:]
-        assert f"error: {out / 'run.json'}: damaged (its \"code\" is not a list of files" in err, err[-3000:]
-
-
 def test_a_finished_runs_last_left_by_a_kill_is_dropped_on_the_next_start(tmp_path, tiny_bert, data,
                                                                           small_sts, capsys, monkeypatch):
     """A kill between best/test_metrics.json and the removal of last/ left last/; the next --resume, which
@@ -208,7 +195,7 @@ def test_a_finished_runs_last_left_by_a_kill_is_dropped_on_the_next_start(tmp_pa
     out = tmp_path / "run"
     argv = _argv(tiny_bert, data, small_sts, tmp_path, "--output_dir", str(out))
     with monkeypatch.context() as mp:
-        mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)
+        mp.setattr(checkpoint, "drop_last", lambda run: None)
         assert _run(argv, capsys)[0] == 0
     assert (out / "last" / "state.pt").is_file()
     code, err = _run(argv + ["--resume"], capsys)
@@ -244,15 +231,3 @@ def test_a_linked_script_is_recorded_under_its_own_name(tmp_path, tiny_bert, dat
     assert "mine.py" not in record["code"], record
 
 
-def test_an_sts_file_far_too_large_is_named_before_it_is_read(tmp_path, small_sts, monkeypatch):
-    sts = tmp_path / "sts"
-    shutil.copytree(small_sts, sts)
-    dev = sts / "STS" / "STSBenchmark" / "sts-dev.csv"
-    with open(dev, "r+b") as f:             # sparse: the size of a 10-million-line file, no disk spent
-        f.truncate(65 << 20)
-    read = []
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: read.append(self) or "")
-    with pytest.raises(common.UserError, match=r"sts-dev\.csv holds 65 MB, and SentEval's STS files are "
-                                               r"under 1 MB each"):
-        common.evaluate_sts(lambda s, on_batch=None: None, sts, split="dev")
-    assert read == []

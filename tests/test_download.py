@@ -19,6 +19,7 @@ import common
 from common import UserError
 from conftest import ROOT
 from plumbing import downloads, inputs
+from plumbing.sts_data import check_sts
 from tools import download
 
 
@@ -70,13 +71,13 @@ def test_download_checks_content_and_skips_present(tmp_path, full_sts, capsys):
     _senteval_tar(srv_root / downloads.SENTEVAL, full_sts)
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
-        got = downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)
+        got = downloads.download(dest, check_sts, srv.url, wiki1m_lines=50)
         assert (dest / downloads.WIKI1M).read_text().count("\n") == 50
         assert (dest / downloads.NLI).exists()
-        common.check_sts(got["sts"])
+        check_sts(got["sts"])
         assert sorted(p.name for p in dest.iterdir()) == sorted([downloads.WIKI1M, downloads.NLI, "sts"])
         before = dict(srv.counts)
-        downloads.download(dest, common.check_sts, srv.url, wiki1m_lines=50)  # all present: no request
+        downloads.download(dest, check_sts, srv.url, wiki1m_lines=50)  # all present: no request
         assert srv.counts == before
         assert "present, not fetched again" in capsys.readouterr().err
 
@@ -90,13 +91,13 @@ def test_download_rejects_corrupt_files(tmp_path, full_sts):
     dest = tmp_path / "data"
     with _Server(srv_root) as srv:
         with pytest.raises(UserError, match=r"wiki1m_for_simcse.txt: 49 lines where 50"):
-            downloads.download(dest, common.check_sts, srv.url, what=["wiki1m"], wiki1m_lines=50)
+            downloads.download(dest, check_sts, srv.url, what=["wiki1m"], wiki1m_lines=50)
         with pytest.raises(UserError, match="header"):
-            downloads.download(dest, common.check_sts, srv.url, what=["nli"])
+            downloads.download(dest, check_sts, srv.url, what=["nli"])
         with pytest.raises(UserError, match="STS13 cannot be read"):
-            downloads.download(dest, common.check_sts, srv.url, what=["sts"])
+            downloads.download(dest, check_sts, srv.url, what=["sts"])
         with pytest.raises(UserError, match="could not download"):
-            downloads.download(dest, common.check_sts, srv.url + "/nothing-here", what=["nli"])
+            downloads.download(dest, check_sts, srv.url + "/nothing-here", what=["nli"])
     # nothing that looks finished was left behind
     assert not (dest / downloads.WIKI1M).exists() and not (dest / downloads.NLI).exists()
     assert not (dest / "sts").exists() and not list(dest.glob("*.part"))
@@ -156,7 +157,7 @@ def test_a_download_cut_short_is_refused_and_leaves_nothing(tmp_path):
     with _CutServer() as srv:
         with pytest.raises(UserError, match=r"could not download .*nli_for_simcse.csv: the connection "
                                             r"closed after 27 of its 100000 bytes\. Check the network"):
-            downloads.download(dest, common.check_sts, srv.url, what=["nli"])
+            downloads.download(dest, check_sts, srv.url, what=["nli"])
     assert not dest.exists()                # not even the folder it made for the file
 
 
@@ -228,9 +229,9 @@ def test_a_run_fetches_what_its_defaults_name_on_first_use(tmp_path, full_sts, m
     with _Server(srv_root) as srv:
         monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
         for _ in range(2):
-            downloads.missing_pieces(data / downloads.NLI, data / "sts", common.check_sts, {})
+            downloads.missing_pieces(data / downloads.NLI, data / "sts", check_sts, {})
         assert srv.counts == {f"/{downloads.SENTEVAL}": 1, f"/{downloads.NLI}": 1}
-    common.check_sts(data / "sts")
+    check_sts(data / "sts")
     assert (data / downloads.NLI).read_text() == "sent0,sent1,hard_neg\na,b,c\n"
     assert sorted(p.name for p in data.iterdir()) == [downloads.NLI, "sts"]
 
@@ -244,7 +245,7 @@ def test_a_download_that_fails_is_named_with_the_rest(tmp_path, tiny_bert, monke
     with _Server(tmp_path) as srv:                   # serves no such file
         monkeypatch.setattr(downloads, "UPSTREAM", srv.url)
         with pytest.raises(UserError) as e:
-            downloads.missing_pieces(data / downloads.WIKI1M, data / "sts", common.check_sts,
+            downloads.missing_pieces(data / downloads.WIKI1M, data / "sts", check_sts,
                                      {"--model": (str(tmp_path / "typo"), "")})
     msg = str(e.value)
     assert msg.startswith(f"3 things this run needs cannot be had here: (1) --model {tmp_path / 'typo'}: "
@@ -257,5 +258,5 @@ def test_a_download_that_fails_is_named_with_the_rest(tmp_path, tiny_bert, monke
                         "huggingface.co, or put the file there.")
     assert not (tmp_path / "clone").exists()
     # a path of the user's that is not there is a typo, named alone by the checks that follow
-    downloads.missing_pieces(tmp_path / "mine.txt", data / "sts", common.check_sts,
+    downloads.missing_pieces(tmp_path / "mine.txt", data / "sts", check_sts,
                              {"--model": (str(tmp_path / "typo"), "")})

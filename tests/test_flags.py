@@ -21,6 +21,7 @@ import rcl
 import simcse
 from conftest import ROOT, cpu_env
 from plumbing import flags as flags_module
+from plumbing import inputs
 from plumbing.flags import default_output_dir
 from tools import bench, compare, download, translate
 from tools import eval as eval_tool
@@ -241,7 +242,7 @@ def test_ranges_and_rules_are_checked_once(script, tmp_path, tiny_bert, small_st
     def stop(path):
         raise Stop
 
-    monkeypatch.setattr(common, "data_rows", stop)
+    monkeypatch.setattr(inputs, "read_columns", stop)
     with pytest.raises(Stop):
         module.main(base_flags(script, tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert))
     assert calls == ["ranges", "rules"]

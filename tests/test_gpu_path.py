@@ -19,7 +19,7 @@ import common
 import ifcl
 import simcse
 from conftest import ROOT
-from plumbing import compiled_step
+from plumbing import compiled_step, inputs, ranks
 
 needs_inductor = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("gcc") is None,
                                     reason="inductor on the CPU needs a C++ compiler (g++)")
@@ -70,7 +70,7 @@ def test_ifcl_simcse_row_trains_on_the_compiled_path(flags, tiny_bert, parallel)
     args = common.parse_args(ifcl.Args, ["--model", str(tiny_bert), "--data", str(parallel / "en.txt"),
                                          "--fraternal_model", "unused", "--dropout", "0", *flags])
     tokenizer, _ = common.load_encoder(args.model)
-    data = {"text": common.tokenize(tokenizer, common.read_sentences(args.data), 16)}
+    data = {"text": common.tokenize(tokenizer, inputs.read_sentences(args.data), 16)}
     batches = [common.device_batch(data, np.arange(i, i + 8), 16, torch.device("cpu")) for i in (0, 8, 16)]
 
     def losses(compiled: bool) -> tuple[list[float], torch.Tensor]:
@@ -127,12 +127,12 @@ def test_more_processes_than_gpus_is_refused_before_the_process_group(local_rank
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     if local_rank == 0:
         with pytest.raises(common.UserError) as e:
-            common.init_distributed()
+            ranks.init_distributed()
         assert "--nproc_per_node 2" in str(e.value) and "1 GPU visible" in str(e.value)
         assert "Pass --nproc_per_node 1" in str(e.value)
     else:
         with pytest.raises(SystemExit) as e:
-            common.init_distributed()
+            ranks.init_distributed()
         assert e.value.code == 2
     assert not torch.distributed.is_initialized()
 

@@ -20,7 +20,7 @@ import common
 import ifcl
 import simcse
 from conftest import ROOT, assert_matches_paper, cpu_env, run_base
-from plumbing import flags, inputs, run_folder
+from plumbing import checkpoint, flags, inputs
 from plumbing import translation as translate
 
 TAU = 0.05
@@ -737,7 +737,7 @@ def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_s
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
     run = tmp_path / "run"
-    monkeypatch.setattr(run_folder.RunFolder, "drop_last", lambda self: None)   # its queue is read below
+    monkeypatch.setattr(checkpoint, "drop_last", lambda run: None)   # its queue is read below
     res = ifcl.main(["--model", str(tiny_bert), "--fraternal_model", str(tiny_mbert),
                      "--data", str(parallel / "en.txt"), "--fraternal_data", str(parallel / "de.txt"),
                      "--sts_dir", str(small_sts), "--output_dir", str(run), "--max_steps", "4",

@@ -289,6 +289,12 @@ class Scripted(torch.nn.Module):
         return loss
 
 
+
+def _run(args) -> run_folder.RunFolder:
+    """A bare run folder on the CPU, as common.start hands one down (without its checks and lock)."""
+    return run_folder.RunFolder(args, device=torch.device("cpu"))
+
+
 def _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, should_stop, **flags):
     args = rcl.Args(model=str(tiny_bert), data=str(corpus), sts_dir=str(small_sts),
                     output_dir=str(out), cache_dir=str(cache_dir), batch_size=8, max_len=16,
@@ -296,8 +302,8 @@ def _train_scripted(tiny_bert, small_sts, corpus, out, cache_dir, losses, should
     out.mkdir()
     tok, enc = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
-    return common.train(args, Scripted(enc, losses), data, tok, args.pooler, should_stop=should_stop,
-                        final_eval=False)
+    return common.train(args, run_folder.RunFolder(args), Scripted(enc, losses), data, tok, args.pooler,
+                        should_stop=should_stop, final_eval=False)
 
 
 def test_should_stop_is_asked_after_every_step(tiny_bert, small_sts, corpus, tmp_path, cache_dir):
@@ -347,8 +353,8 @@ def test_a_resume_after_an_early_stop_trains_no_further(tiny_bert, small_sts, co
     tok, enc = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
     model = Scripted(enc, _batches(PLATEAU))
-    res = common.train(args, model, data, tok, args.pooler, should_stop=rcl.early_stop(3, 10),
-                       final_eval=False)
+    res = common.train(args, run_folder.RunFolder(args), model, data, tok, args.pooler,
+                       should_stop=rcl.early_stop(3, 10), final_eval=False)
     assert res["steps"] == 50 and res["stopped_early"] and model.t == 0
     assert (out / "metrics.jsonl").read_text() == log
 
@@ -390,8 +396,8 @@ def test_early_stop_counter_is_restored_on_resume(tiny_bert, small_sts, corpus, 
         with monkeypatch.context() as mp:
             mp.setattr(common, "train_step", step_5_stopped)
             try:
-                common.train(a, rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data, tok, a.pooler,
-                             should_stop=stop, final_eval=False)
+                common.train(a, run_folder.RunFolder(a), rcl.EntropyModel(enc, a.pooler, 0.01, a.tau), data,
+                             tok, a.pooler, should_stop=stop, final_eval=False)
             except KeyboardInterrupt:
                 pass
         counts.append(stop.n)
@@ -461,7 +467,7 @@ def test_hard_negative_layout_under_ddp(tiny_bert, nli_csv, monkeypatch):
 
 def test_unsupervised_views_differ_in_training(tiny_bert, corpus):
     tok, enc = common.load_encoder(str(tiny_bert))
-    text = common.read_sentences(corpus)[:4]
+    text = inputs.read_sentences(corpus)[:4]
     batch = {"text": common.tokenize(tok, text, 16).batch(np.arange(4))}
     model = rcl.EntropyModel(enc, "cls_before_pooler", 0.01, 0.05)
     model.train()
@@ -505,12 +511,12 @@ def test_end_to_end_nli(tiny_bert, small_sts, nli_csv, tmp_path, cache_dir, monk
     original = load_file(str(Path(tiny_bert) / "model.safetensors"))
     starts, columns, real_train = [], [], common.train
 
-    def spy(args, model, data, tokenizer, pooler, **kw):
+    def spy(args, run, model, data, tokenizer, pooler, **kw):
         same = all(torch.equal(v.cpu(), original[k]) for k, v in model.encoder.state_dict().items()
                    if k in original)
         starts.append((type(model).__name__, same, getattr(model, "entropy_encoders", None)))
         columns.append(sorted(data))
-        res = real_train(args, model, data, tokenizer, pooler, **kw)
+        res = real_train(args, run, model, data, tokenizer, pooler, **kw)
         # common.train switches the trained model to train mode; the regulators stay in eval
         assert not any(f.training for f in getattr(model, "entropy_encoders", []))
         return res
@@ -608,7 +614,7 @@ def test_a_phi_given_twice_trains_one_model_that_regulates_twice(tiny_bert, smal
 
 def test_an_entropy_model_logs_phi_times_its_row_entropy(tiny_bert, corpus):
     tokenizer, encoder = common.load_encoder(str(tiny_bert))
-    data = {"text": common.tokenize(tokenizer, common.read_sentences(corpus)[:8], 16)}
+    data = {"text": common.tokenize(tokenizer, inputs.read_sentences(corpus)[:8], 16)}
     batch = common.device_batch(data, np.arange(8), None, torch.device("cpu"))
     _, stats = rcl.EntropyModel(encoder, "cls_before_pooler", 0.04, 0.05).train()(batch)
     assert float(stats["phi_entropy"]) == pytest.approx(0.04 * float(stats["entropy"]), rel=1e-6)
@@ -657,7 +663,7 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_cs
     tok, _ = common.load_encoder(args.model)
     data = common.tokenize_columns(args, tok, common.load_columns(args.data))
     monkeypatch.setattr(rcl, "early_stop", lambda patience, every: lambda step, loss: True)
-    rcl.entropy_stage(args, data, torch.device("cpu"))
+    rcl.entropy_stage(args, _run(args), data)
     done = json.loads((out / "entropy_phi0.03" / run_folder.DONE).read_text())
     assert done["steps"] == 1 and done["stopped_early"] is True and done["best_step"] == 1   # asked at step 1
     assert done["dev_end"] == done["best_dev"]
@@ -673,7 +679,8 @@ def test_stage1_summary_after_early_stop_and_resume(tiny_bert, small_sts, nli_cs
 
     monkeypatch.setattr(rcl, "train_entropy_model", lambda *a: pytest.fail("retrained"))
     monkeypatch.setattr(rcl, "probe_entropy", lambda *a: pytest.fail("measured again"))
-    rcl.entropy_stage(dataclasses.replace(args, resume=True), data, torch.device("cpu"))
+    again_args = dataclasses.replace(args, resume=True)
+    rcl.entropy_stage(again_args, _run(again_args), data)
     again = capsys.readouterr().out
     assert "reusing" in again and row in again and "row entropy start -> end" in again
 
@@ -684,9 +691,9 @@ def test_restart_reuses_entropy_models(tiny_bert, small_sts, nli_csv, tmp_path, 
     flags = _common_flags(tiny_bert, small_sts, out, cache_dir, ["--data", nli, "--eval_every", "3"])
     real_train = common.train
 
-    def killed(args, model, *a, **k):
-        res = real_train(args, model, *a, **k)
-        if Path(args.output_dir).name == "entropy_phi0.02":  # after its last checkpoint, before DONE.json
+    def killed(args, run, *a, **k):
+        res = real_train(args, run, *a, **k)
+        if run.out.name == "entropy_phi0.02":  # after its last checkpoint, before DONE.json
             raise KeyboardInterrupt("killed")
         return res
 
@@ -789,7 +796,8 @@ def test_the_stop_comes_at_a_check_between_evaluations(tiny_bert, small_sts, cor
                     resume=True)
     tok, enc = common.load_encoder(args.model)
     model = Scripted(enc, losses)
-    again = common.train(args, model, common.tokenize_columns(args, tok, common.load_columns(args.data)), tok,
+    again = common.train(args, run_folder.RunFolder(args), model,
+                         common.tokenize_columns(args, tok, common.load_columns(args.data)), tok,
                          args.pooler, should_stop=rcl.early_stop(3, 5), final_eval=False)
     assert again["steps"] == 25 and again["stopped_early"] and model.t == 0
 
@@ -802,10 +810,10 @@ def test_regulate_with_best_and_hard_negatives_in_stage_2(tiny_bert, small_sts, 
     out = tmp_path / "run"
     frozen, columns, real_train = [], [], common.train
 
-    def spy(args, model, data, *a, **kw):
+    def spy(args, run, model, data, *a, **kw):
         frozen.append(getattr(model, "entropy_encoders", None))
         columns.append(sorted(data))
-        return real_train(args, model, data, *a, **kw)
+        return real_train(args, run, model, data, *a, **kw)
 
     monkeypatch.setattr(common, "train", spy)
     rcl.main(_common_flags(tiny_bert, small_sts, out, cache_dir,

@@ -39,7 +39,7 @@ import rcl
 import simcse
 from conftest import ENV, ROOT, Held
 from conftest import script as _script
-from plumbing import atomic_writes, run_folder
+from plumbing import atomic_writes, checkpoint, command_line, run_folder
 
 PAGE = os.sysconf("SC_PAGE_SIZE")     # tmpfs counts whole pages
 ENOSPC, EROFS, EFBIG, EIO = (os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EIO))
@@ -132,13 +132,13 @@ def sizes(tmp_path_factory, tiny_bert, data, small_sts) -> dict[str, int]:
     common_argv = ["--model", str(tiny_bert), "--data", str(data), "--sts_dir", str(small_sts),
                    "--cache_dir", str(ref / "cache")]
     mp = pytest.MonkeyPatch()
-    mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)      # last/'s size is measured too
+    mp.setattr(checkpoint, "drop_last", lambda run: None)      # last/'s size is measured too
     try:
         simcse.main([*common_argv, "--output_dir", str(ref / "simcse"), *FLAGS])
         rcl.main([*common_argv, "--output_dir", str(ref / "rcl"), *RCL_FLAGS])
     finally:
         mp.undo()
-        run_folder.release_run_folders()
+        command_line.let_go()
     entropy = ref / "rcl" / "entropy_phi0.01"
     return {"code": _pages(ref / "simcse" / "code"), "rcl_code": _pages(ref / "rcl" / "code"),
             "last": _pages(ref / "simcse" / "last"), "best": _pages(ref / "simcse" / "best"),

@@ -50,7 +50,7 @@ import common
 import rcl
 import simcse
 from conftest import ENV, ROOT, Held, Shell, cpu_env, script
-from plumbing import atomic_writes, run_folder
+from plumbing import atomic_writes, checkpoint, command_line, inputs, report, run_folder
 
 ENOSPC = "No space left on device"
 # every run here: checkpoints (last/, and best/ when the best) at steps 2, 4 and 6, a training
@@ -124,7 +124,7 @@ def finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     cache = out.parent / "cache"
     assert simcse.main(_argv(out, tiny_bert, data, small_sts, cache))["steps"] == 6
-    run_folder.release_run_folders()
+    command_line.let_go()
     return out
 
 
@@ -140,7 +140,7 @@ def interrupted(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Pat
             simcse.main(_argv(out, tiny_bert, data, small_sts, cache))
     finally:
         mp.undo()
-        run_folder.release_run_folders()
+        command_line.let_go()
     assert [r["step"] for r in _records(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
     return out
 
@@ -150,13 +150,13 @@ def unreported(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Path
     """The same run stopped (Ctrl-C) as its final report began: last/ holds step 6, best/ step 4."""
     out = tmp_path_factory.mktemp("unreported") / "run"
     mp = pytest.MonkeyPatch()
-    mp.setattr(common, "final_report", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    mp.setattr(report, "final", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         with pytest.raises(KeyboardInterrupt):
             simcse.main(_argv(out, tiny_bert, data, small_sts, out.parent / "cache"))
     finally:
         mp.undo()
-        run_folder.release_run_folders()
+        command_line.let_go()
     assert torch.load(out / "last" / "state.pt", weights_only=True)["step"] == 6
     assert json.loads((out / "best" / "dev_metrics.json").read_text())["step"] == 4
     return out
@@ -198,7 +198,7 @@ def test_resume_with_other_data_is_refused_and_changes_nothing(tmp_path, tiny_be
     code, err = _run(_argv(out, tiny_bert, mine, small_sts, cache, "--max_steps", "2"), capsys)
     assert code == 0, err[-3000:]
     run_json = json.loads((out / "run.json").read_text())
-    assert run_json["script"] == "simcse.py" and run_json["format"] == run_folder.FORMAT
+    assert run_json["script"] == "simcse.py" and run_json["format"] == checkpoint.FORMAT
     assert run_json["data_sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
     # the code that ran: the script, common.py and the plumbing/ modules imported (here, by the tests too)
     assert {"simcse.py", "common.py", "plumbing/run_folder.py", "plumbing/inputs.py"} <= set(run_json["code"])
@@ -316,12 +316,12 @@ def test_a_checkpoint_without_a_checksum_is_refused_until_one_vouches_for_it(
     before a byte is unpickled, nothing changed; the command the line gives (sha256sum in last/)
     vouches for it, and the run then resumes as one."""
     out = _copy(interrupted, tmp_path)
-    (out / "last" / run_folder.CHECKSUM).unlink()
+    (out / "last" / checkpoint.CHECKSUM).unlink()
     before = _tree(out)
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 2, err[-3000:]
     message = _one_line_error(err)
-    assert f"{out / 'last' / run_folder.CHECKSUM}: missing, or not a SHA-256 line, so " \
+    assert f"{out / 'last' / checkpoint.CHECKSUM}: missing, or not a SHA-256 line, so " \
            f"{out / 'last' / 'state.pt'} cannot be shown whole" in message, message
     command = re.search(r"`(sha256sum state\.pt > state\.pt\.sha256)` in (\S+)\)", message)
     assert command and Path(command[2]) == out / "last", message
@@ -333,7 +333,7 @@ def test_a_checkpoint_without_a_checksum_is_refused_until_one_vouches_for_it(
     _same_run(out, finished, log_every=1, eval_every=2)
     # the checkpoints written since carry it, the SHA-256 of state.pt's bytes (until the run finished)
     digest = hashlib.sha256((interrupted / "last" / "state.pt").read_bytes()).hexdigest()
-    assert digest == (interrupted / "last" / run_folder.CHECKSUM).read_text().split()[0]
+    assert digest == (interrupted / "last" / checkpoint.CHECKSUM).read_text().split()[0]
 
 
 @pytest.mark.parametrize("payload", ["os.system", "print"])
@@ -367,7 +367,7 @@ def _resave(path: Path, change) -> None:
     state = torch.load(path, weights_only=True)
     change(state)
     torch.save(state, path)
-    path.with_name(run_folder.CHECKSUM).write_text(f"{atomic_writes.sha256_file(path)}  state.pt\n")
+    path.with_name(checkpoint.CHECKSUM).write_text(f"{atomic_writes.sha256_file(path)}  state.pt\n")
 
 
 @pytest.mark.parametrize("other", ["--seed 7", "focal_infonce.py"])
@@ -379,7 +379,7 @@ def test_another_runs_checkpoint_is_refused_in_one_line(tmp_path, tiny_bert, dat
     out, theirs = _copy(interrupted, tmp_path), tmp_path / "other"
     argv = _argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--max_steps", "2")
     with monkeypatch.context() as mp:
-        mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)     # OTHER keeps its last/
+        mp.setattr(checkpoint, "drop_last", lambda run: None)     # OTHER keeps its last/
         assert (simcse.main([*argv, "--seed", "7"]) if other == "--seed 7" else focal_infonce.main(argv))
     shutil.rmtree(out / "last")
     shutil.copytree(theirs / "last", out / "last")
@@ -417,10 +417,10 @@ def _float_rng(out: Path) -> None:
 
 # what a damaged part of a run's record does to --resume: (the damage, the file the line names and how)
 RECORDS = {
-    "a state.pt.sha256 that is not UTF-8": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(
-        b"\xff\xfe\x00 state.pt\n"), f"last/{run_folder.CHECKSUM}: missing, or not a SHA-256 line"),
-    "an emptied state.pt.sha256": (lambda out: (out / "last" / run_folder.CHECKSUM).write_bytes(b""),
-                                   f"last/{run_folder.CHECKSUM}: missing, or not a SHA-256 line"),
+    "a state.pt.sha256 that is not UTF-8": (lambda out: (out / "last" / checkpoint.CHECKSUM).write_bytes(
+        b"\xff\xfe\x00 state.pt\n"), f"last/{checkpoint.CHECKSUM}: missing, or not a SHA-256 line"),
+    "an emptied state.pt.sha256": (lambda out: (out / "last" / checkpoint.CHECKSUM).write_bytes(b""),
+                                   f"last/{checkpoint.CHECKSUM}: missing, or not a SHA-256 line"),
     "an RNG state that is a float tensor": (_float_rng, "last/state.pt: not a checkpoint of this run ("),
     "args.json cut short": (lambda out: _cut(out / "args.json"), "args.json: cut short or damaged ("),
     "run.json cut short": (lambda out: _cut(out / "run.json"), "run.json: cut short or damaged ("),
@@ -474,30 +474,6 @@ def test_a_best_that_fell_behind_last_is_saved_again(tmp_path, tiny_bert, data, 
         assert (out / "best" / name).read_bytes() == (interrupted / "best" / name).read_bytes()
 
 
-LINKED = ["run.lock", "metrics.jsonl", "args.json", "last", "best"]
-
-
-@pytest.mark.parametrize("entry", LINKED)
-def test_an_entry_that_is_a_link_is_refused_and_nothing_is_written_through_it(
-        tmp_path, tiny_bert, data, small_sts, interrupted, capsys, entry):
-    """A link where a run keeps a file or a folder (`ln -s ~/victim R/run.lock`; a last/ moved to
-    another disk and linked back): --resume stops in one line, the file it points to untouched."""
-    out, victim = _copy(interrupted, tmp_path), tmp_path / "victim"
-    if (out / entry).is_dir():
-        shutil.move(out / entry, victim)
-    else:
-        (out / entry).unlink()
-        victim.write_text('{"a file of the user\'s": 1}\n')
-    (out / entry).symlink_to(victim)
-    before = {p: _tree(p) if p.is_dir() else p.read_bytes() for p in (out, victim)}
-    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 2, err[-3000:]
-    message = _one_line_error(err)
-    assert f"{out / entry} is a symbolic link (to {victim}). A run folder holds only what its own run " \
-           f"wrote" in message, message
-    assert {p: _tree(p) if p.is_dir() else p.read_bytes() for p in (out, victim)} == before
-
-
 def test_a_log_line_cut_short_is_dropped_on_resume(tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
     """metrics.jsonl cut inside the part last/ recorded (the last line half gone): the half line is
     dropped, not glued to the next record."""
@@ -530,7 +506,7 @@ def test_a_resume_stopped_before_its_record_is_checked_says_its_folder_is_unchan
     out = _copy(interrupted, tmp_path)
     before = _tree(out)
     with monkeypatch.context() as mp:
-        mp.setattr(common, "encoder_positions", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT))
+        mp.setattr(inputs, "encoder_positions", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT))
         code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 130, err[-3000:]
     command = shlex.join(["python", os.path.relpath(ROOT / "simcse.py"),
@@ -553,7 +529,7 @@ def rcl_finished(tmp_path_factory, tiny_bert, data, small_sts, one_thread) -> Pa
             rcl.main(_rcl_argv(out, tiny_bert, data, small_sts))
     finally:
         mp.undo()
-        run_folder.release_run_folders()
+        command_line.let_go()
     assert (out / "entropy_phi0.01" / run_folder.DONE).is_file()
     return out
 
@@ -657,7 +633,8 @@ def test_resume_puts_the_checkpoint_back_onto_the_models_device(tmp_path, tiny_b
     data_ = common.tokenize_columns(args, tokenizer, common.load_columns(args.data))
     saved = torch.load(out / "last" / "state.pt", weights_only=True)["rng_cpu"]
     torch.manual_seed(12345)                                 # anything but the checkpoint's state
-    assert common.train(args, model, data_, tokenizer, args.pooler, final_eval=False)["steps"] == 6
+    assert common.train(args, run_folder.RunFolder(args), model, data_, tokenizer, args.pooler,
+                        final_eval=False)["steps"] == 6
     assert torch.equal(torch.get_rng_state(), saved)
     opt = made[0][0]
     assert all(s[k].device.type == "meta" for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
@@ -691,7 +668,7 @@ def _fail_best(monkeypatch, out: Path) -> str:
     def save(path, *a, **k):
         atomic_writes._atomic_dir(Path(path))
         raise _no_space()
-    monkeypatch.setattr(run_folder, "save_pretrained_dir", save)
+    monkeypatch.setattr(checkpoint, "save_pretrained_dir", save)
     return f"could not write {out / 'best'}: {ENOSPC}. the last complete checkpoint, step 2, is intact"
 
 
@@ -907,7 +884,7 @@ def test_a_stop_before_the_run_is_recorded_says_to_run_the_same_command_again(
     (nothing to continue), so the line says to run the same command; that command trains the run."""
     out, cache = tmp_path / "run", tmp_path / "cache"
     with monkeypatch.context() as mp:
-        mp.setattr(common, "encoder_positions", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        mp.setattr(inputs, "encoder_positions", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         code, err = _run(_argv(out, tiny_bert, data, small_sts, cache), capsys)
     assert code == 130, err[-3000:]
     command = shlex.join(["python", os.path.relpath(ROOT / "simcse.py"),
@@ -1045,7 +1022,7 @@ def test_a_best_of_another_run_at_the_same_step_is_refused(tmp_path, tiny_bert, 
     saved over nor reported as this run's."""
     out, theirs = _copy(interrupted, tmp_path), tmp_path / "theirs"
     with monkeypatch.context() as mp:
-        mp.setattr(run_folder.RunFolder, "drop_last", lambda self: None)
+        mp.setattr(checkpoint, "drop_last", lambda run: None)
         simcse.main(_argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--seed", "7",
                           "--max_steps", "2"))
     shutil.rmtree(out / "best")

@@ -56,24 +56,14 @@ def _cut(cache: Path, other: Path, tmp_path: Path) -> None:
 
 def _pickled(cache: Path, other: Path, tmp_path: Path) -> None:
     payload = np.array([Shell(f"touch {tmp_path / 'marker'}")], dtype=object)
-    np.savez(cache, ids=payload, lengths=payload, pad_id=0, key=cache.stem)
+    np.savez(cache, ids=payload, lengths=payload, pad_id=0)
 
 
-def _link(cache: Path, other: Path, tmp_path: Path) -> None:
-    cache.unlink()
-    cache.symlink_to(other)
-
-
-def _renamed(cache: Path, other: Path, tmp_path: Path) -> None:
-    shutil.copy(other, cache)
-
-
-DAMAGES = {"cut short": _cut, "pickled arrays": _pickled, "a link to another cache": _link,
-           "another cache under its name": _renamed}
+DAMAGES = {"cut short": _cut, "pickled arrays": _pickled}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_a_cache_that_is_not_whole_and_its_own_is_tokenised_again(tiny_bert, texts, tmp_path, capsys, damage):
+def test_a_cache_that_is_not_whole_is_tokenised_again(tiny_bert, texts, tmp_path, capsys, damage):
     from transformers import AutoTokenizer
     tok, cache_dir = AutoTokenizer.from_pretrained(str(tiny_bert)), tmp_path / "cache"
     common.tokenize(tok, texts[:30], 16, cache_dir)                 # another cache, of other texts
@@ -87,7 +77,7 @@ def test_a_cache_that_is_not_whole_and_its_own_is_tokenised_again(tiny_bert, tex
     assert np.array_equal(again.ids, _fresh(tok, texts))
     assert f"note: the token cache {cache} is not whole" in capsys.readouterr().err
     assert not (tmp_path / "marker").exists(), "loading the cache ran the code it carries"
-    assert not cache.is_symlink() and other.read_bytes() == kept          # replaced, not written through
+    assert other.read_bytes() == kept                                     # the other cache untouched
     assert np.array_equal(common.tokenize(tok, texts, 16, cache_dir).ids, again.ids)   # read back whole
 
 

@@ -4,7 +4,6 @@ ranks of a torchrun launch waiting for rank 0's file (a tiny seq2seq model stand
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -251,28 +250,3 @@ def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
         translate.wait_for_file(german, poll_s=0.02)
 
 
-def test_an_entry_that_is_no_file_or_folder_is_described_one_way(tmp_path):
-    """inputs.describe_entry: the one description of a link, a pipe or a device (the translation's
-    files here, a run folder's entries in run_folder); a file, a folder or nothing is none."""
-    (tmp_path / "file").write_text("x")
-    (tmp_path / "folder").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
-    os.mkfifo(tmp_path / "fifo")
-    assert [inputs.describe_entry(tmp_path / n) for n in ("file", "folder", "nothing")] == [None] * 3
-    assert inputs.describe_entry(tmp_path / "link") == f"a symbolic link (to {tmp_path / 'elsewhere'})"
-    assert inputs.describe_entry(tmp_path / "fifo") == "not a file or a folder (a pipe, a device or a socket)"
-
-
-@pytest.mark.parametrize("entry", ["fifo", "folder"])
-def test_a_part_file_that_is_no_file_is_refused_in_one_line(entry, tmp_path, parallel, tiny_mt):
-    out = tmp_path / "de.txt"
-    part = tmp_path / "de.txt.part"
-    if entry == "fifo":
-        os.mkfifo(part)
-    else:
-        part.mkdir()
-    what = "not a file or a folder (a pipe, a device or a socket)" if entry == "fifo" else "a folder"
-    with pytest.raises(common.UserError, match=rf"^{part} is {re.escape(what)}: a translation writes only "
-                                               rf"into files of its own"):
-        translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt), "--out", str(out)])
-    assert not out.exists()

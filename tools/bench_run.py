@@ -16,9 +16,12 @@ phases called inside it:
     loading the encoder common.load_encoder for training
     training steps      common.train_step (forward, backward, clip, AdamW)
     dev evaluations     common.dev_figures (STS-B dev, SICK-R trial, alignment and uniformity)
-    checkpoints         RunFolder.save_last and save_best (last/ and best/ written)
-    final evaluation    common.final_report: best/ reloaded, the 7 tasks (less the untrained row)
-    untrained row       common.untrained_figures (evaluated, or read back where it is kept)
+    checkpoints         plumbing/checkpoint.py's save_last and save_best (last/ and best/ written)
+    final evaluation    plumbing/report.py's final: best/ reloaded, the 7 tasks (less the untrained row)
+    untrained row       plumbing/kept_rows.py's untrained (evaluated, or read back where it is kept)
+
+(An earlier checkout's names for the last three, common.final_report, common.untrained_figures and
+RunFolder's methods, are timed where that checkout has them.)
     other               the rest: the loop, the log, the report
 
 `--json FILE` appends the phases and the total, with the command, as one JSON line.
@@ -32,6 +35,7 @@ T0 = time.perf_counter()     # before torch's import: the start-up phase counts 
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
@@ -80,16 +84,27 @@ def main(argv: list[str]) -> None:
     script = code / Path(argv[0]).name
     sys.path.insert(0, str(code))
     sys.argv = [str(script), *argv[1:]]
-    import common
-    from plumbing.run_folder import RunFolder
     clock = Clock()
-    timed = [("tokenize", "tokenising", False), ("load_encoder", "loading the encoder", True),
-             ("train_step", "training steps", False), ("dev_figures", "dev evaluations", False),
-             ("final_report", "final evaluation", False), ("untrained_figures", "untrained row", False)]
-    for name, phase, outer in timed:
-        setattr(common, name, clock.wrap(getattr(common, name), phase, outer))
-    for name in ("save_last", "save_best"):
-        setattr(RunFolder, name, clock.wrap(getattr(RunFolder, name), "checkpoints"))
+    timed = [("common tokenize", "tokenising", False), ("common load_encoder", "loading the encoder", True),
+             ("common train_step", "training steps", False), ("common dev_figures", "dev evaluations", False),
+             ("plumbing.report final", "final evaluation", False),
+             ("common final_report", "final evaluation", False),
+             ("plumbing.kept_rows untrained", "untrained row", False),
+             ("common untrained_figures", "untrained row", False),
+             *((f"plumbing.checkpoint {name}", "checkpoints", False) for name in ("save_last", "save_best")),
+             *((f"plumbing.run_folder RunFolder.{name}", "checkpoints", False) for name in ("save_last",
+                                                                                            "save_best"))]
+    for where, phase, outer in timed:      # each name this checkout has
+        module, name = where.split()
+        try:
+            owner = importlib.import_module(module)
+        except ImportError:
+            continue
+        *path, name = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        if hasattr(owner, name):
+            setattr(owner, name, clock.wrap(getattr(owner, name), phase, outer))
     status = 0
     try:
         runpy.run_path(str(script), run_name="__main__")

@@ -26,6 +26,7 @@ from dataclasses import dataclass  # noqa: E402
 import common  # noqa: E402
 from common import arg  # noqa: E402
 from plumbing import downloads  # noqa: E402
+from plumbing.sts_data import check_sts  # noqa: E402
 
 
 @dataclass
@@ -41,7 +42,7 @@ class DownloadArgs:
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     """Fetch --what into --dest, skipping what is there; print where each one is."""
     args = common.parse_args(DownloadArgs, argv, description=__doc__, prog="python tools/download.py")
-    got = downloads.download(args.dest, common.check_sts, args.base_url, args.what)
+    got = downloads.download(args.dest, check_sts, args.base_url, args.what)
     for name, path in got.items():
         print(f"{name}: {path}")
     return got

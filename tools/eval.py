@@ -27,6 +27,7 @@ import common  # noqa: E402
 from common import POOLERS, STS_TASKS, UserError, arg  # noqa: E402
 from plumbing.atomic_writes import write_text_atomic  # noqa: E402
 from plumbing.inputs import check_sts_dir  # noqa: E402
+from plumbing.report import format_sts_table  # noqa: E402
 
 
 @dataclass
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     name = f"{Path(args.model).name or args.model} [{args.pooler}]"
     res = common.evaluate_encoder(args.model, args.pooler, args.sts_dir, args.tasks or None, args.split,
                                   args.batch_size, desc=name)       # a bar on stderr, task by task
-    print(common.format_sts_table(res, name=name))
+    print(format_sts_table(res, name=name))
     print(f"({args.model}, {args.split} split, {time.perf_counter() - t:.1f} s)", file=sys.stderr)
     if args.output:
         write_text_atomic(args.output, json.dumps(res, indent=2))
