@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 from typing import Callable
 
@@ -31,8 +33,12 @@ COLUMNS = 110                  # the style's line limit (ruff holds the rest of 
 
 # common.py is the reader's module: its sections in the order a run meets them, and none of the
 # calls that keep a run safe (locks, renames, syncs, saves, hashes, downloads), which plumbing/ holds
-READER_SECTIONS = ["Flags", "Data", "Models", "STS evaluation", "The paper's rows", "Distributed",
-                   "Start-up", "The loop's parts", "The step", "The loop"]
+READER_SECTIONS = ["Flags", "Data", "Models", "STS evaluation", "The paper's rows", "Start-up",
+                   "The loop's parts", "The step", "The loop"]
+# what a method's reader opens is the script and common.py, nothing else: common.py holds the flags, the
+# data, the models, the step, the loop and the evaluation; the run's start and end and what keeps it safe
+# are plumbing/'s, so that common.py stays near nanoGPT's train.py and model.py together
+COMMON_CAP = 650
 PLUMBING_CALLS = re.compile(r"\b(fcntl\.flock|os\.replace|os\.rename|os\.fsync|torch\.save|hashlib\.|"
                             r"urlopen|shutil\.rmtree|tempfile\.|np\.savez|signal\.signal)\b")
 # nanoGPT's order of the step: forward, backward, clip, optimizer, schedule, zero the gradients
@@ -102,13 +108,13 @@ def ifcl_stays_short(root: Path) -> list[str]:
 
 
 def common_reads_top_down(root: Path) -> list[str]:
-    """common.py is the reader's module: at most 1,000 lines, its sections in the order a run meets
+    """common.py is the reader's module: at most COMMON_CAP lines, its sections in the order a run meets
     them, no plumbing of its own (no lock, rename, sync, torch.save, hashing or download: those are
     imported from plumbing/). The step is one function of at most 30 lines in nanoGPT's order,
     directly above train(), itself at most 90 lines; no line over 110 columns."""
     source = (root / "common.py").read_text(encoding="utf-8")
     lines = source.splitlines()
-    wrong = at_most("common.py", "the module", len(lines), 1000)
+    wrong = at_most("common.py", "the module", len(lines), COMMON_CAP)
     titles = [line[2:] for above, line, below in zip(lines, lines[1:], lines[2:])  # a banner: ===, title, ===
               if above.startswith("# ===") and below.startswith("# ===")]
     sections = [next((s for s in READER_SECTIONS if t.startswith(s)), t) for t in titles]
@@ -135,16 +141,48 @@ def common_reads_top_down(root: Path) -> list[str]:
 
 
 # plumbing/'s cap: 2,200 lines while it kept the record, the lock, checkpoints, downloads and the step;
-# 2,580 since it keeps the code that ran (code_record.py, and IFCL's German file in a run's identity),
-# the untrained row (kept_rows.py) and the CPU step's length-sorted sub-batches (compiled_step.py).
-# What pays those lines back is a decision of scope (which guarantees a student's machine needs),
-# not packing: raise it only with a guarantee, and say which.
-PLUMBING_CAP = 2580
+# 2,578 once it kept the code that ran (code_record.py, and IFCL's German file in a run's identity), the
+# untrained row (kept_rows.py) and the CPU step's length-sorted sub-batches (compiled_step.py). Then the
+# run's start and end, the STS files, the token arrays, the log's means and DDP's gather moved in from
+# common.py (1,000 lines -> COMMON_CAP), which bounds plumbing/ at SCOPE_BOUND: the two together no
+# larger than before. Above that bound: each module's rules mapped to the functions that keep them, the
+# why of each guarantee (EXPLAINED), checkpoint.py's Checkpoint, and the command line's one hook, less
+# the guarantees against a hostile file system, which went (links and pipes where a run writes, a
+# renamed cache, a hand-edited record, an STS file of gigabytes). The rest of the way to SCOPE_BOUND is
+# a decision of scope still open: raise the cap only with a guarantee, and say which.
+SCOPE_BOUND = 2578 + 1000 - COMMON_CAP
+PLUMBING_CAP = 3290
+# plumbing/'s lines of docstrings and comments per line of code, as Python's tokenizer counts them
+# (explanation): 0.27 before a round that met the cap by cutting the "why" of each guarantee (0.18).
+# A maintainer changes a guarantee safely only when its reason stands beside it.
+EXPLAINED = 0.27
+
+
+def explanation(source: str) -> tuple[int, int]:
+    """(lines of docstrings and comments, lines of code) of a module, as Python's tokenizer counts them: a
+    docstring is a string that is a statement of its own (all its lines); a comment line holds nothing
+    but a comment; a code line holds any other token (a line of code with a comment after it is code)."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    doc, comment, code = set(), set(), set()
+    layout = (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    before = tokenize.NEWLINE
+    for tok, after in zip(tokens, tokens[1:] + tokens[-1:]):
+        lines = range(tok.start[0], tok.end[0] + 1)
+        if tok.type == tokenize.COMMENT:
+            comment.add(tok.start[0])
+            continue
+        if tok.type == tokenize.STRING and before in layout and after.type == tokenize.NEWLINE:
+            doc.update(lines)
+        elif tok.type not in layout:
+            code.update(lines)
+        before = tok.type
+    return len(doc | (comment - code)), len(code)
 
 
 def plumbing_stays_small(root: Path) -> list[str]:
     """plumbing/ holds what keeps a run safe and fast, a module a concern, and no more: at most
-    PLUMBING_CAP lines in all (it grew to 2,495 in one round), no line over 110 columns."""
+    PLUMBING_CAP lines in all, at least EXPLAINED lines of docstrings and comments a line of code, no
+    line over 110 columns."""
     files = {f"plumbing/{p.name}": p.read_text(encoding="utf-8").splitlines()
              for p in sorted((root / "plumbing").glob("*.py"))}
     total = sum(map(len, files.values()))
@@ -153,6 +191,10 @@ def plumbing_stays_small(root: Path) -> list[str]:
         biggest = ", ".join(f"{name} {len(text)}"
                             for name, text in sorted(files.items(), key=lambda item: -len(item[1])))
         wrong.append(f"plumbing/: at most {PLUMBING_CAP} lines in all (it has {total}: {biggest})")
+    said, code = map(sum, zip(*(explanation("\n".join(text) + "\n") for text in files.values())))
+    if said < EXPLAINED * code:
+        wrong.append(f"plumbing/: at least {EXPLAINED} lines of docstrings and comments a line of code, the "
+                     f"why of each guarantee (it has {said / code:.3f}: {said} for {code})")
     return wrong + [line for name, text in files.items() for line in long_lines(name, text)]
 
 
