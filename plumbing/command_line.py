@@ -1,11 +1,18 @@
 """Every command's main under run_main: it ends in one line and an exit status, never a traceback for
-what the user can act on: a refused input (2), the GPU out of memory (3), a failed write (4), Ctrl-C
-(130), SIGTERM (143), SIGHUP (129), each saying what to run next; the run folder let go whatever happens.
+what the user can act on.
+
+The rules, and the function that keeps each:
+1. One line and a status a way to end (run_main, say): a refused input (2), the GPU out of memory (3),
+   a failed write (4), Ctrl-C (130), SIGTERM (143), SIGHUP (129); under torchrun, said once, and a
+   rank stopped by another's end says so (1). A traceback is for a bug, and reads as one.
+2. The line after a stop or a failed write says what is intact and what to run next (run_main, with
+   the run folder's after_a_stop, kept and next_command).
+3. The run folder is let go whatever happens (let_go): its lock, in this process, for the next command.
 
 The one place where the run is not handed down (opened): a signal raises wherever the program is, and a
-failed write wherever it writes, and main() does not return then, so the line that says what is intact
-and what to run next cannot be given the run folder by a caller. plumbing/start.py hands it here as it
-names it; run_main reads it only on those two paths, and lets it go (its lock too) when main ends.
+failed write wherever it writes, and main() does not return then, so the line of rule 2 cannot be given
+the run folder by a caller. plumbing/start.py hands it here as it names it; run_main reads it only on
+those two paths.
 """
 
 from __future__ import annotations

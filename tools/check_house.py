@@ -151,7 +151,7 @@ def common_reads_top_down(root: Path) -> list[str]:
 # renamed cache, a hand-edited record, an STS file of gigabytes). The rest of the way to SCOPE_BOUND is
 # a decision of scope still open: raise the cap only with a guarantee, and say which.
 SCOPE_BOUND = 2578 + 1000 - COMMON_CAP
-PLUMBING_CAP = 3290
+PLUMBING_CAP = 3295
 # plumbing/'s lines of docstrings and comments per line of code, as Python's tokenizer counts them
 # (explanation): 0.27 before a round that met the cap by cutting the "why" of each guarantee (0.18).
 # A maintainer changes a guarantee safely only when its reason stands beside it.
