@@ -305,8 +305,8 @@ def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_
     script, *flags = _case_argv(case, request)
     real, seen = common.train, []
 
-    def train_then_explain(args, model, data, *a, **k):
-        res = real(args, model, data, *a, **k)
+    def train_then_explain(args, run, model, data, *a, **k):
+        res = real(args, run, model, data, *a, **k)
         cpu = torch.device("cpu")
         batches = [common.device_batch(data, np.arange(i, i + args.batch_size), args.max_len, cpu)
                    for i in range(3)]
