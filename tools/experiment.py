@@ -127,6 +127,8 @@ class Args:
     multi30k: str = arg("data/multi30k", "IFCL's Multi30k folder: train.en and train.de (docs/results.md)")
     runs: str = arg("runs/experiments", "where the code copies, the run folders, the wall times and each "
                                         "experiment's table and plot go")
+    docs: bool = arg(False, "no training: write each docs/<method>.md's experiments section from "
+                            "docs/experiments/ (--record does it too)")
     steps: int = arg(0, "a shorter run than the testbed's 40 steps, to check that the tool works (not a "
                         "measurement; refused with --record); 0 = the testbed's", ge=0)
     figures: str = arg("", f"the figures file that --check reads and --record writes (default: "
@@ -793,8 +795,7 @@ def check(root: Path = ROOT, figures_path: Path | None = None) -> builtins.list[
                                 f"{exp.script} ({why[0]}): remake it")
         got = figures.get(exp.name)
         if got is None:
-            problems.append(f"{exp.name}: not measured yet: `{command(exp)} --record`")
-            continue
+            continue            # not measured yet: --list says so; the docs show the command instead
         now = sha256((root / exp.script).read_bytes())
         if got.get("code", {}).get(exp.script) != now:
             problems.append(f"{exp.name}: measure again: {exp.script} changed since it was measured at "
@@ -804,6 +805,11 @@ def check(root: Path = ROOT, figures_path: Path | None = None) -> builtins.list[
         if got.get("change", change) != change:
             problems.append(f"{exp.name}: measure again: its patch, flags or settings changed since it was "
                             f"measured at commit {got.get('commit', '?')}: `{command(exp)} --record`")
+    if figures_path is None:
+        for path, text in method_pages(root).items():
+            if path.read_text(encoding="utf-8") != text:
+                problems.append(f"{path.relative_to(root).as_posix()}: its experiments section is not what "
+                                f"docs/experiments/ makes: `python tools/experiment.py --docs`")
     return problems
 
 
@@ -827,6 +833,76 @@ def list_lines(root: Path = ROOT, figures_path: Path | None = None) -> builtins.
     return out
 
 
+# ------------------------------------------------------------------------------------------------
+# Each method's page, docs/<script>.md: a section of its experiments, made from the manifest and
+# figures.json (--record and --docs write it; --check names it when it is not what they would write)
+# ------------------------------------------------------------------------------------------------
+
+BEGIN = "<!-- experiments: made by `python tools/experiment.py --docs` from docs/experiments/; edit those -->"
+END = "<!-- experiments: end -->"
+
+
+def docs_section(script: str, root: Path = ROOT, figures: dict | None = None) -> str:
+    """The "Experiments to try" section of docs/<script's stem>.md, between its two markers."""
+    figures = read_figures(root) if figures is None else figures
+    sha = sha256((root / script).read_bytes())
+    out = [BEGIN, "## Experiments to try", "",
+           f"Each experiment changes one part of `{script}` and runs it beside the unchanged script on the "
+           "laptop testbed: all-MiniLM-L6-v2 read on raw [CLS], 40 steps at batch 64, STS-B dev at steps 20 "
+           "and 40, seeds 1 and 2 (every flag: `python tools/experiment.py --help`). The annotated page "
+           f"shows each one beside the line it changes ([pages/{Path(script).stem}.html](pages/"
+           f"{Path(script).stem}.html)); all of them, with their times: "
+           "[the index](pages/index.html#experiments).",
+           ""]
+    for exp in load_experiments(root):
+        if exp.script != script:
+            continue
+        out += [f"### {exp.title}", "", " ".join(exp.question.split()), ""]
+        patch = patch_path(exp, root)
+        if patch.is_file():
+            rel = patch.relative_to(root / "docs").as_posix()
+            out.append(f"- The change: [{rel}]({rel}); by hand, `git apply docs/{rel}`, and `git apply -R "
+                       f"docs/{rel}` undoes it.")
+        if exp.flags:
+            out.append(f"- The changed arm adds `{' '.join(exp.flags)}`" + (
+                f"; both arms run with `{' '.join(exp.settings)}`." if exp.settings else "."))
+        elif exp.settings:
+            out.append(f"- Both arms run with `{' '.join(exp.settings)}`.")
+        out += [f"- Both arms, both seeds (a control already run is reused): `{command(exp)}`", ""]
+        got = figures.get(exp.name)
+        if got is None:
+            out += ["Not measured yet: the command above measures it.", ""]
+            continue
+        if got.get("code", {}).get(script) != sha:
+            out += [f"Measured on an earlier `{script}` (commit {got.get('commit', '?')}): the command above "
+                    "measures it again.", ""]
+        out += [f"Measured at commit {got.get('commit', '?')}:", "", got["table"].strip(), ""]
+        if (root / HERE / f"{exp.name}.png").is_file():
+            out += [f"![{exp.title}: its figures step by step, both arms, both seeds](experiments/"
+                    f"{exp.name}.png)", ""]
+    out.append(END)
+    return "\n".join(out) + "\n"
+
+
+def with_section(text: str, section: str) -> str:
+    """A method page's text with its experiments section in place: between the markers, else at the end."""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        return head + section + rest.split(END, 1)[1].lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + section
+
+
+def method_pages(root: Path = ROOT) -> dict[Path, str]:
+    """Each docs/<stem>.md that has experiments -> its text with the section as the figures make it."""
+    figures = read_figures(root)
+    pages = {}
+    for script in dict.fromkeys(e.script for e in load_experiments(root)):
+        path = root / "docs" / f"{Path(script).stem}.md"
+        if path.is_file():
+            pages[path] = with_section(path.read_text(encoding="utf-8"), docs_section(script, root, figures))
+    return pages
+
+
 def inside(path: str) -> str:
     """A path given from another folder, as a path from the repository root (the arms run there)."""
     p = Path(path)
@@ -842,6 +918,11 @@ def main(argv: builtins.list[str]) -> int:
     figures_path = Path(args.figures) if args.figures else ROOT / HERE / FIGURES
     if args.list:
         print("\n".join(list_lines(ROOT, figures_path)))
+        return 0
+    if args.docs:
+        for path, text in method_pages(ROOT).items():
+            path.write_text(text, encoding="utf-8")
+            print(f"{shown(path)}: its experiments section written")
         return 0
     if args.check:
         problems = check(ROOT, figures_path)
@@ -894,6 +975,8 @@ def main(argv: builtins.list[str]) -> int:
             image = ROOT / HERE / f"{exp.name}.png"
             plot(exp, measured, image)
             print(f"recorded: {shown(figures_path)} ({exp.name}), {shown(image)}")
+            for path, text in method_pages(ROOT).items():
+                path.write_text(text, encoding="utf-8")
         else:
             out = runs / exp.name
             out.mkdir(parents=True, exist_ok=True)

@@ -1009,6 +1009,11 @@ def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sh
     if exp.flags:
         parts.append(f"<p>The changed run adds <code>{html.escape(' '.join(exp.flags))}</code>.</p>")
     parts.append(f'<pre class="cmd"><code>{html.escape(tool.command(exp))}</code></pre>')
+    undo = (f"; <code>git apply -R docs/experiments/{name}.patch</code> undoes the change" if patch.is_file()
+            else "")
+    parts.append(f'<details class="change"><summary>By hand, the changed arm with seed 1</summary>'
+                 f'<pre class="cmd"><code>{html.escape(tool.by_hand(exp, root=root))}</code></pre>'
+                 f"<p>Both arms, both seeds, and the table: the command above{undo}.</p></details>")
     if measured is None:
         parts.append("<p>Not measured yet: the command above measures it.</p>")
     else:
@@ -1039,7 +1044,7 @@ def try_blocks(s: Script, page: Page) -> dict[int, list[str]]:
     for exp in tool.load_experiments(page.root):
         if exp.script == s.name:
             html_ = try_html(tool, exp, page.root, page, figures.get(exp.name), sha)
-            blocks.setdefault(tool.anchor_line(exp, text), []).append(html_)
+            blocks.setdefault(tool.anchor_line(exp, text, page.root), []).append(html_)
     return blocks
 
 
