@@ -907,13 +907,17 @@ def at_html(s: Script, line: int, boxes: str) -> str:
 
 
 def render_code_column(s: Script, code: list[int], tokens: list[list[tuple[str, str]]], page: Page,
-                       boxes: dict[int, list]) -> str:
+                       boxes: dict[int, list], tries: dict[int, list[str]] | None = None) -> str:
     """A section's code in one piece: its lines, the comments among them as notes in their place,
-    and each equation's box in the place of the comment that states it (its ASCII a click away)."""
+    each equation's box in the place of the comment that states it (its ASCII a click away), and
+    each experiment's "Try it" block just above the line it changes."""
     items: list[int | str] = []             # a line of code to print, or a piece of HTML
+    tries = {} if tries is None else tries
     k = 0
     while k < len(code):
         n = code[k]
+        if n in tries:                      # an experiment about this line: its block above it
+            items.append(at_html(s, n, "".join(tries.pop(n))))
         if s.kind[n] != "comment":
             if n in boxes:                  # an equation named only in this line of code
                 items.append(at_html(s, n, boxes_html(boxes.pop(n), page)))
@@ -955,6 +959,93 @@ def render_code_column(s: Script, code: list[int], tokens: list[list[tuple[str, 
             run = []
         out.append(item)
     return "".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# Experiments to try: each one's "Try it" block beside the line it changes (docs/experiments/,
+# run and measured by tools/experiment.py)
+# --------------------------------------------------------------------------------------
+
+def experiment_tool():
+    """tools/experiment.py, loaded by its path (this file runs as a script and as tools.pages)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("experiment_tool", ROOT / "tools" / "experiment.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)       # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+def diff_html(patch: str) -> str:
+    """A patch's hunks, each line coloured by what it does (the file's header left out)."""
+    out = []
+    for line in patch.splitlines():
+        if line.startswith(("diff ", "--- ", "+++ ", "index ")):
+            continue
+        kind = {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "ctx")
+        out.append(f'<span class="{kind}">{html.escape(line) or " "}</span>')
+    return '<pre class="diff"><code>' + "\n".join(out) + "</code></pre>"
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sha: str) -> str:
+    """One experiment's block: its question, the change, the command, and what it measured (or
+    that it has not been measured on this version of the script)."""
+    from markdown_it import MarkdownIt
+
+    name = html.escape(exp.name)
+    parts = [f'<p class="try-head"><span class="tag">Try it</span> <strong>{html.escape(exp.title)}'
+             f"</strong></p>", f"<p>{inline_text(exp.question, page)}</p>"]
+    patch = tool.patch_path(exp, root)
+    if patch.is_file():
+        text = patch.read_text(encoding="utf-8")
+        changed = sum(1 for line in text.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+        parts.append(f'<details class="change"><summary>The change: docs/experiments/{name}.patch '
+                     f"({changed} lines)</summary>{diff_html(text)}</details>")
+    if exp.flags:
+        parts.append(f"<p>The changed run adds <code>{html.escape(' '.join(exp.flags))}</code>.</p>")
+    parts.append(f'<pre class="cmd"><code>{html.escape(tool.command(exp))}</code></pre>')
+    undo = (f"; <code>git apply -R docs/experiments/{name}.patch</code> undoes the change" if patch.is_file()
+            else "")
+    parts.append(f'<details class="change"><summary>By hand, the changed arm with seed 1</summary>'
+                 f'<pre class="cmd"><code>{html.escape(tool.by_hand(exp, root=root))}</code></pre>'
+                 f"<p>Both arms, both seeds, and the table: the command above{undo}.</p></details>")
+    if measured is None:
+        parts.append("<p>Not measured yet: the command above measures it.</p>")
+    else:
+        when = html.escape(measured.get("commit", ""))
+        if measured.get("code", {}).get(exp.script) != script_sha:
+            parts.append(f"<p>Measured on an earlier {html.escape(exp.script)} (commit {when}); its figures "
+                         f"may no longer hold: the command above measures it again.</p>")
+        md = MarkdownIt("commonmark", {"html": False}).enable("table")
+        parts.append(f'<div class="measured">{md.render(measured["table"])}</div>')
+        image = root / "docs" / "experiments" / f"{exp.name}.png"
+        if image.is_file():
+            parts.append(f'<p><a href="../experiments/{name}.png"><img src="../experiments/{name}.png" '
+                         f'alt="{html.escape(exp.title)}: the figures it acts on, step by step, both arms"'
+                         f' loading="lazy"></a></p>')
+    return f'<div class="try" id="try-{name}">{"".join(parts)}</div>'
+
+
+def try_blocks(s: Script, page: Page) -> dict[int, list[str]]:
+    """Line of the script -> the "Try it" blocks of the experiments that change it."""
+    path = page.root / "docs" / "experiments" / "experiments.toml"
+    if not path.is_file() or s.name not in PAPERS:
+        return {}
+    tool = experiment_tool()
+    text = "\n".join(s.lines) + "\n"
+    sha = hashlib.sha256((page.root / s.name).read_bytes()).hexdigest()
+    figures = tool.read_figures(page.root)
+    blocks: dict[int, list[str]] = {}
+    for exp in tool.load_experiments(page.root):
+        if exp.script == s.name:
+            html_ = try_html(tool, exp, page.root, page, figures.get(exp.name), sha)
+            blocks.setdefault(tool.anchor_line(exp, text, page.root), []).append(html_)
+    return blocks
 
 
 # --------------------------------------------------------------------------------------
@@ -1008,6 +1099,7 @@ def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Pat
     for number in numbers:
         line = where[number]
         boxes.setdefault(line, []).append((equations[number], line if line in code_anchors else None))
+    tries = try_blocks(s, page)
     taken: set[str] = set()
     body, contents = [], []
     comments = {n for n, k in s.kind.items() if k == "comment"}
@@ -1037,9 +1129,13 @@ def script_page(s: Script, equations: dict[int, Equation], page: Page, root: Pat
         ids = "".join(f'<span id="{name}"></span>' for name in starts if s.name == "common.py")
         prose = render_prose(sec.prose, boxes, page, comments)
         quiet = anchor_spans(sorted(set(sec.quiet)))
-        code_html = render_code_column(s, code, tokens, page, boxes) if code else ""
+        code_html = render_code_column(s, code, tokens, page, boxes, tries) if code else ""
         body.append(f'<section class="row"><div class="prose">{ids}{prose}{quiet}</div>'
                     f'<div class="code">{code_html}</div></section>')
+    if tries:
+        lost = ", ".join(str(n) for n in sorted(tries))
+        raise BuildError(f"{s.name}: the experiments about lines {lost} found no place on the page (a line "
+                         f"of code inside a function: see docs/experiments/experiments.toml's anchor)")
     if boxes:
         lost = ", ".join(str(n) for n in sorted(boxes))
         raise BuildError(f"{s.name}: the equations to be typeset on lines {lost} found no place on the page")
@@ -1087,7 +1183,33 @@ def common_anchors(body: str, s: Script) -> str:
     return body
 
 
-def index_page(scripts: list[Script], counts: dict[str, int], docs: list[str] = ()) -> str:
+def syllabus(root: Path) -> str:
+    """Every experiment as one list, script by script: what it changes, where its block is, and how
+    long it took on the laptop testbed (both arms, both seeds), or that it is not measured yet."""
+    if not (root / "docs" / "experiments" / "experiments.toml").is_file():
+        return ""
+    tool = experiment_tool()
+    figures = tool.read_figures(root)
+    groups: dict[str, list[str]] = {}
+    for exp in tool.load_experiments(root):
+        seconds = tool.laptop_seconds(figures[exp.name]) if exp.name in figures else None
+        took = f"{minutes(seconds)} on a laptop" if seconds else "not measured yet"
+        stem = Path(exp.script).stem
+        groups.setdefault(exp.script, []).append(
+            f'<li><a href="{stem}.html#try-{html.escape(exp.name)}">{html.escape(exp.title)}</a> '
+            f'<span class="meta">{html.escape(exp.name)} · {took}</span></li>')
+    lists = "".join(f"<li>{html.escape(script)}<ul>{''.join(items)}</ul></li>"
+                    for script, items in groups.items())
+    return ('<h2 id="experiments">Experiments to try</h2><p>Each changes one part of a script, as a '
+            "patch in docs/experiments/ or a flag its paper names, and is measured against the unchanged "
+            "script on a laptop: all-MiniLM-L6-v2, 40 steps, two seeds. Its block on the script's page "
+            "stands beside the line it changes, with the command that runs both arms "
+            "(<code>python tools/experiment.py NAME</code>), what moved, and the curves. The times are "
+            "of both arms, both seeds, on two CPU cores; a control already run is reused.</p>"
+            f'<ul class="syllabus">{lists}</ul>')
+
+
+def index_page(scripts: list[Script], counts: dict[str, int], docs: list[str] = (), tries: str = "") -> str:
     rows = []
     for s in scripts:
         stem = Path(s.name).stem
@@ -1111,7 +1233,7 @@ def index_page(scripts: list[Script], counts: dict[str, int], docs: list[str] = 
         "scripts are the source: these pages are made from them and from "
         "<a href=\"../equations.tex\">docs/equations.tex</a> by <code>python tools/pages.py</code>. "
         "They open from a clone, offline, and fetch nothing.</p>"
-        f'<ul class="index">{"".join(rows)}</ul>'
+        f'<ul class="index">{"".join(rows)}</ul>' + tries
         + (f"<p>The other pages of docs/: {', '.join(others_links)}.</p>" if others else "")
         + '<p><a href="../../README.md">README.md</a></p></main>')
     return head("Annotated scripts") + "<body>\n" + body + "\n</body>\n</html>\n"
@@ -1206,7 +1328,7 @@ def generate(root: Path | None = None, scripts: tuple[str, ...] | None = None,
         files[f"{Path(s.name).stem}.html"] = script_page(s, own, page, root).encode()
     for stem in docs:
         files[f"doc-{stem}.html"] = doc_page(root, stem, set(docs)).encode()
-    files["index.html"] = index_page(read, counts, docs).encode()
+    files["index.html"] = index_page(read, counts, docs, syllabus(root)).encode()
     files["assets/equations.css"] = equations_css(rules).encode()
     if equations:
         files.update(katex_assets())
