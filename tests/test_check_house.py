@@ -121,3 +121,30 @@ def test_a_script_edited_without_rebuilding_its_page_is_named(house):
 def test_the_command_exits_0_when_no_rule_is_broken(monkeypatch, capsys):
     monkeypatch.setattr(check_house, "CHECKS", [lambda root: []])
     assert check_house.main([]) == 0 and "1 checks pass" in capsys.readouterr().out
+
+
+def test_an_experiment_measured_on_an_earlier_script_is_named(house):
+    """figures.json records the sha256 of the script each experiment was measured on: after an edit
+    of that script, the check names each of its measured experiments to measure again, and no other
+    script's, and its docs page's section, which now says so, is named as not rebuilt."""
+    from tools import experiment
+    exps = experiment.load_experiments(house)
+    sha = {e.script: experiment.sha256((house / e.script).read_bytes()) for e in exps}
+    figures = {e.name: {"code": {e.script: sha[e.script]}, "commit": "abc1234",
+                        "change": {"patch": (experiment.sha256(experiment.patch_path(e, house).read_bytes())
+                                             if experiment.patch_path(e, house).is_file() else None),
+                                   "flags": e.flags, "settings": e.settings},
+                        "table": "| a |\n|---|\n| 1 |\n"}
+               for e in exps}
+    experiment.write_json(house / "docs" / "experiments" / "figures.json", figures)
+    for path, text in experiment.method_pages(house).items():
+        path.write_text(text, encoding="utf-8")
+    assert check_house.experiments_are_current(house) == []
+    new = broken_by(house, "focal_infonce.py", lambda text: text.replace("return s * factor / tau",
+                                                                         "return s * factor / (2 * tau)"),
+                    check_house.experiments_are_current)
+    focal = sorted(e.name for e in exps if e.script == "focal_infonce.py")
+    named = sorted(line.split(": ")[1] for line in new if "measure again" in line)
+    assert named == focal, new
+    assert all("focal_infonce" in line for line in new), new
+    assert any(line.startswith("docs/experiments: docs/focal_infonce.md") for line in new), new

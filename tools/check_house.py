@@ -3,7 +3,8 @@
 pytest holds behaviour: what a loss computes, what a run writes, what a message says. The house's
 shape is bookkeeping for whoever maintains it: how long a script, its docstring, main(), train()
 may grow, where a script's first equation sits, how large plumbing/ is, whether docs/pages/ is
-what a fresh build makes. It is checked here, by CI (.ci/run: after ruff, before pytest) and by a
+what a fresh build makes, whether each experiment of docs/experiments/ was measured on its script
+as it is now (else which to measure again: tools/experiment.py). It is checked here, by CI (.ci/run: after ruff, before pytest) and by a
 contributor before a pull request, so that a student's experiment (twenty lines added to ifcl.py,
 a script edited without rebuilding its page) passes pytest and is named here.
 
@@ -212,8 +213,18 @@ def pages_are_fresh(root: Path) -> list[str]:
             for line in pages.stale(files, root / pages.OUT)]
 
 
+def experiments_are_current(root: Path) -> list[str]:
+    """Each experiment of docs/experiments/ still applies to its script, was measured on the script as it
+    is (else: which to measure again), and each docs/<method>.md shows what docs/experiments/ holds."""
+    from tools import experiment
+    if not (root / experiment.HERE / experiment.MANIFEST).is_file():
+        return []
+    return [f"docs/experiments: {line}" for line in experiment.check(root)]
+
+
 CHECKS: list[Callable[[Path], list[str]]] = [scripts_open_on_their_paper, ifcl_stays_short,
-                                             common_reads_top_down, plumbing_stays_small, pages_are_fresh]
+                                             common_reads_top_down, plumbing_stays_small, pages_are_fresh,
+                                             experiments_are_current]
 
 
 def check(root: Path = ROOT) -> list[str]:
@@ -223,8 +234,8 @@ def check(root: Path = ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The house's shape (lengths, the first equation's line, "
-                                     "plumbing/'s size, the pages against a rebuild): one line per broken "
-                                     "rule, exit 1 if any.")
+                                     "plumbing/'s size, the pages against a rebuild, the experiments against "
+                                     "their scripts): one line per broken rule, exit 1 if any.")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository to check (default: this one)")
     args = parser.parse_args(argv)
     wrong = check(args.root.resolve())
