@@ -4,9 +4,10 @@ pytest holds behaviour: what a loss computes, what a run writes, what a message 
 shape is bookkeeping for whoever maintains it: how long a script, its docstring, main(), train()
 may grow, where a script's first equation sits, how large plumbing/ is, whether docs/pages/ is
 what a fresh build makes, whether each experiment of docs/experiments/ was measured on its script
-as it is now (else which to measure again: tools/experiment.py). It is checked here, by CI (.ci/run: after ruff, before pytest) and by a
-contributor before a pull request, so that a student's experiment (twenty lines added to ifcl.py,
-a script edited without rebuilding its page) passes pytest and is named here.
+as it is now (else which to measure again: tools/experiment.py). It is checked here, by CI
+(.ci/run: after ruff, before pytest) and by a contributor before a pull request, so that a
+student's experiment (twenty lines added to ifcl.py, a script edited without rebuilding its page)
+passes pytest and is named here.
 
     python tools/check_house.py               # every check: one line per broken rule, exit 1 if any
     python tools/check_house.py --root DIR    # the same checks on another copy of the repository

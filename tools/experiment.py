@@ -37,8 +37,9 @@ each figure over the steps, one colour an arm, one line a seed. Both go to --run
 NAME.png, figures.json); --record writes them to docs/experiments/ instead, for the docs to show.
 
 --check (no training): exit status 1 with one line per experiment to measure again (its script
-changed since the commit it was measured at, its patch or flags changed since, or it was never
-measured) and per patch that no longer applies to its script; 0 and one line when all are current.
+changed since the commit it was measured at, or its patch or flags changed since), per patch that
+no longer applies to its script, and per docs/<method>.md whose experiments section is not what
+--docs writes; else 0, one line, and a note naming the experiments not measured yet.
 """
 
 from __future__ import annotations
@@ -929,8 +930,13 @@ def main(argv: builtins.list[str]) -> int:
         if problems:
             print("\n".join(problems))
             return 1
-        print(f"all {len(load_experiments(ROOT))} experiments are current: each was measured on its script "
-              f"as it is now, and each patch applies.")
+        recorded = read_figures(ROOT, figures_path)
+        waiting = [e.name for e in load_experiments(ROOT) if e.name not in recorded]
+        print(f"all {len(load_experiments(ROOT)) - len(waiting)} experiments measured are current: each was "
+              f"measured on its script as it is now, and each patch applies.")
+        if waiting:
+            print(f"note: not measured yet ({len(waiting)}): {', '.join(waiting)}; "
+                  f"`python tools/experiment.py NAME --record` measures one.")
         return 0
     exps = load_experiments(ROOT)
     known = {e.name: e for e in exps}
