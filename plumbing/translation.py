@@ -167,10 +167,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
 
     if done < len(src):
         device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        t_load = time.perf_counter()
         tok, model = load_mt_model(args.mt_model, device)  # before anything is written
-        print(f"--mt_model {args.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
-              file=sys.stderr)
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
