@@ -36,8 +36,7 @@ from plumbing.errors import UserError, writing
 
 
 def read_once(read: Callable) -> Callable:
-    """Decorator for a reader read(path, flag): the checks and then training read a file, which is
-    read once while unchanged (size and mtime); callers must not change what it returns."""
+    """Rule 4 for a reader read(path, flag), by size and mtime; callers must not change what it returns."""
     cached = functools.lru_cache(maxsize=2)(lambda path, flag, stamp: read(path, flag))
 
     @functools.wraps(read)
@@ -213,10 +212,7 @@ def _folders_like(path: Path) -> str:
     if not path.parent.is_dir():
         missing = next(p for p in path.parents if p.parent.is_dir())
         return f" (there is no folder {missing} either)"
-    try:
-        beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
-    except OSError:
-        return ""
+    beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
     near = difflib.get_close_matches(path.name, beside, n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(str(path.parent / n) for n in near)}?)" if near else ""
 
@@ -245,7 +241,7 @@ def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | 
 
 
 def where_from(name: str, flag: str = "--model", instead: str = "") -> None:
-    """Asked first by every path that loads a model by name: model_missing as a UserError."""
+    """model_missing as a UserError, asked first by every path that loads a model by name."""
     if why := model_missing(name, flag, instead):
         raise UserError(why)
 

@@ -405,10 +405,11 @@ def test_a_best_that_is_lost_is_named_in_one_line(tmp_path, tiny_bert, data, sma
 
 def test_a_best_that_fell_behind_last_is_saved_again(tmp_path, tiny_bert, data, small_sts, interrupted,
                                                      capsys, monkeypatch):
-    """last/ and best/ of step 2 both, best/'s weights cut short: --resume saves the restored model
-    there before it trains (here it is stopped at its first step)."""
+    """A kill between last/'s commit at step 2, the best so far, and best/'s save (train() saves last/
+    first): --resume saves the restored model as best/ before it trains (here it is stopped at its
+    first step)."""
     out = _copy(interrupted, tmp_path)
-    _cut(out / "best" / "model.safetensors")
+    shutil.rmtree(out / "best")
     with monkeypatch.context() as mp:
         mp.setattr(common, "train_step", _interrupt_at_step(1))
         code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
