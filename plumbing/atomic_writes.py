@@ -9,8 +9,6 @@ The rules, and the function that keeps each:
    torchrun's ranks may write one file at once; a dead writer's leftover is removed (alive).
 3. What is on the disk is on the disk (sync_to_disk): a full disk is told at the write, not later, and
    a crash cannot leave a checkpoint empty.
-4. A file written in place (the log) is first made this name's alone (unshared): a hard-linked snapshot
-   of the run (`cp -al run run.snap`) keeps what it had.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ from plumbing import interrupts
 
 
 def sync_to_disk(path: Path) -> None:
-    """`path` (a file, or a folder's list of names) on the disk now: a full disk is told at the write (a
-    network disk tells it only when the data are sent), and a crash cannot leave a checkpoint empty."""
+    """Rule 3 for `path` (a file, or a folder's list of names); a network disk tells a full disk only
+    when the data are sent."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -37,12 +35,13 @@ def sync_to_disk(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
-    """A temporary folder beside `final` and a commit() that swaps it in: a kill leaves the old or the new."""
+@contextlib.contextmanager
+def atomic_dir(final: Path):
+    """Rule 1: a temporary folder beside `final`, filled by the block and swapped in at its end."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-    def commit():
+    try:
+        yield tmp
         for p in [*sorted(tmp.rglob("*")), tmp]:
             sync_to_disk(p)
         old = final.with_name(f".{final.name}.old")
@@ -61,24 +60,12 @@ def _atomic_dir(final: Path) -> tuple[Path, Callable[[], None]]:
             sync_to_disk(final.parent)
             if old.exists():
                 shutil.rmtree(old)
-    return tmp, commit
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path):
-    """_atomic_dir as a block, swapped in at its end; a failed write removes the temporary folder."""
-    tmp, commit = _atomic_dir(final)
-    try:
-        yield tmp
-        commit()
     finally:                    # swapped in, or a partial copy holding the space a full disk needs back
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(f)` fills a temporary name beside `path`, synced, then renamed into place: a kill leaves the
-    old file or the new one, a hard link keeps the old content. The
-    temporary name is this process's (torchrun's ranks may write one file at once); a dead one's, removed."""
+    """Rule 2: `write(f)` fills this process's temporary name beside `path`, synced, renamed into place."""
     path = Path(path)
     for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):    # a killed writer's leftover
         if not alive(left.name.split(".")[-2]):
@@ -113,16 +100,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def unshared(path: Path) -> Path:
-    """`path` made this name's alone before a write in place: a hard link copied, the copy renamed in."""
-    if os.path.lexists(path) and os.lstat(path).st_nlink > 1:
-        with open(path, "rb") as src:
-            write_atomic(path, lambda f: shutil.copyfileobj(src, f))
-    return path
-
-
 def recover_dir(final: Path) -> Path:
-    """Undo a kill during _atomic_dir: the old folder put back (or dropped), any temporary folder dropped."""
+    """Undo a kill during atomic_dir: the old folder put back (or dropped), any temporary folder dropped."""
     old = final.with_name(f".{final.name}.old")
     if not final.exists() and old.exists():
         os.replace(old, final)

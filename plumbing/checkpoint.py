@@ -5,7 +5,6 @@ writes them and reads them back. A change to how checkpoints are written opens t
 
     last/state.pt   a Checkpoint: the model, AdamW and its schedule, the loop's state, the random
                     state, rcl.py's early stop; the run's identity; the log's length when written
-    last/state.pt.sha256   its SHA-256, swapped in with it
     best/           the best model by STS-B dev, as a model folder (plumbing/export.py), with
                     args.json and dev_metrics.json (its dev figures and the run's identity)
 
@@ -13,9 +12,9 @@ The rules, and the function that keeps each:
 1. One commit point (save_last): last/ is swapped in whole, after the log it refers to is synced, so a
    kill at any moment leaves the old checkpoint or the new one, and --resume cuts the log back to the
    checkpoint's length (resumed, cut_log): the log reads as one run.
-2. Nothing is loaded before it is verified (load_last): the SHA-256 before torch.load, data only
-   (weights_only) before anything is put back, the identity before the state is used. A checkpoint
-   that fails any of them is one line that says what is still good (damaged); nothing is changed.
+2. Nothing is used before it is verified (load_last): loaded as data only (weights_only, so a pickle
+   never runs code), then the identity checked. A checkpoint that fails either is one line that says
+   what is still good (damaged); nothing is changed.
 3. A checkpoint and best/ are this run's or refused (identity, not_mine): the script, the stage, the
    flags that say what it trains, the data and the code. A last/ copied from a run with another seed
    or another script, or left by edited code, would continue a run that never was.
@@ -32,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -40,16 +38,13 @@ from typing import Any
 
 import torch
 
-from plumbing.atomic_writes import atomic_dir, sha256_file, sync_to_disk
+from plumbing.atomic_writes import atomic_dir, sync_to_disk
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, flags_of, script_name
-from plumbing.inputs import model_folder_problem, read_json_object
+from plumbing.inputs import read_json_object
 
-# the run folder handed down (plumbing/run_folder.py's RunFolder, or a Stage of it); not imported, since
-# run_folder imports this module
-RunFolder = Any
-CHECKSUM = "state.pt.sha256"    # beside last/state.pt: the SHA-256 of its bytes, checked by --resume
+RunFolder = Any                 # plumbing/run_folder.py's, which imports this module
 # this version's record (run.json) and checkpoints: the code that ran, every input. An earlier version's
 # recorded less, so it cannot be shown to be the same run: refused with what to do
 FORMAT = 3
@@ -58,8 +53,7 @@ FORMAT = 3
 @dataclasses.dataclass
 class Checkpoint:
     """What last/state.pt holds: all that train() needs to go on as if the run had not stopped. train()
-    fills the first fields (what to keep is the loop's to decide); save_last adds the last two, which only
-    plumbing knows. Saved as a dict of these names, so that torch.load(weights_only=True) reads it back."""
+    fills the first fields; save_last adds the last two. Saved as a dict, which weights_only reads."""
     model: dict                     # model.state_dict(): the encoder and the method's own modules
     opt: dict                       # AdamW's moments
     sched: dict                     # where the learning rate's schedule is
@@ -85,17 +79,15 @@ NEEDED = {f.name for f in dataclasses.fields(Checkpoint) if f.default is datacla
 # -------------------------------------------------------------------------------------
 
 def identity(run: RunFolder) -> dict:
-    """What every checkpoint and best/ carry: the script, the stage, the flags that say what it trains
-    (not those --resume may change, nor --data's path: its content counts), the data's and the code's
-    SHA-256. Two runs with the same identity train the same numbers."""
+    """Rule 3's identity (flags: not those --resume may change, nor --data's path: its content counts).
+    Two runs with the same identity train the same numbers."""
     return {"format": FORMAT, "script": f"{script_name(run.args)}.py", "stage": run.stage_name,
             "data_sha256": run.data_sha256, "inputs": run.inputs, "code": run.code,
             "flags": flags_of(run.args, (*NOT_TRAINING, "data"))}
 
 
 def not_mine(run: RunFolder, then: Any) -> list[str]:
-    """How an identity (a checkpoint's, best/'s) differs from this run's, each as a line says it: [] when
-    it is this run's."""
+    """How an identity (a checkpoint's, best/'s) differs from this run's, in words ([]: none)."""
     now, then = identity(run), then if isinstance(then, dict) else {}
     if then.get("format") != FORMAT:
         return ["written by an earlier version of this project, which did not record the code"]
@@ -116,9 +108,8 @@ def not_mine(run: RunFolder, then: Any) -> list[str]:
 # -------------------------------------------------------------------------------------
 
 def save_last(run: RunFolder, state: Checkpoint) -> None:
-    """last/, the one commit point: `state` with the run's identity and the log's length, the log synced
-    first (a --resume cuts the log back to that length, so the log must hold it on the disk), its SHA-256
-    beside it; swapped in whole (atomic_dir), so a kill leaves the old checkpoint or the new one."""
+    """Rule 1: `state` with the run's identity and the log's length, the log synced first (a --resume
+    cuts the log back to that length, so the log must hold it on the disk)."""
     with writing(str(run.log), run.kept):
         sync_to_disk(run.log)
     state = dataclasses.replace(state, run=identity(run), log_bytes=run.log.stat().st_size)
@@ -126,21 +117,19 @@ def save_last(run: RunFolder, state: Checkpoint) -> None:
         with open(tmp / "state.pt", "wb") as f:
             # a file, not a path: the system's error (ENOSPC, ...) reaches here, not torch's own words
             torch.save({f.name: getattr(state, f.name) for f in dataclasses.fields(state)}, f)
-        # its fingerprint, swapped in with it (`sha256sum -c state.pt.sha256` in last/ checks it too)
-        (tmp / CHECKSUM).write_text(f"{sha256_file(tmp / 'state.pt')}  state.pt\n")
     run.step = state.step
 
 
 def save_best(run: RunFolder, record: dict, saved: tuple) -> None:
-    """best/: the encoder (and MLP) as a model folder (`saved`: encoder, tokenizer, pooler, mlp), with the
-    flags and its dev figures, which carry the run's identity (rule 4 reads them back)."""
+    """best/ as a model folder (`saved`: encoder, tokenizer, pooler, mlp), with the flags and its dev
+    figures, which carry the run's identity."""
     extra = {"args.json": flags_of(run.args), "dev_metrics.json": {**record, "run": identity(run)}}
     with writing(str(run.out / "best"), run.kept):
         save_pretrained_dir(run.out / "best", *saved, extra=extra)
 
 
 def drop_last(run: RunFolder) -> None:
-    """Rule 5: a finished run (or stage) keeps best/ and its records; last/ only served to continue it."""
+    """Rule 5, for a run or a stage."""
     if run.main:
         shutil.rmtree(run.out / "last", ignore_errors=True)
 
@@ -150,28 +139,14 @@ def drop_last(run: RunFolder) -> None:
 # -------------------------------------------------------------------------------------
 
 def load_last(run: RunFolder) -> Checkpoint | None:
-    """--resume: last/'s checkpoint, verified in this order (its checksum, then data only, then the run's
-    identity), or None for a run stopped before its first one (its log emptied: it starts from step 0).
-    The checksum comes first because torch.load of a damaged file may fail in any way, or not at all."""
+    """Rule 2 on --resume: last/'s checkpoint, or None for a run stopped before its first one (its log
+    emptied: it starts from step 0)."""
     last = run.out / "last" / "state.pt"
     if not last.exists():
         if run.main:
             cut_log(run, 0)
             print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
         return None
-    recorded, whole = last.with_name(CHECKSUM), (
-        f"If you know state.pt is whole, write its checksum again (`sha256sum state.pt > {CHECKSUM}` in "
-        f"{last.parent}); else train the run again in another --output_dir.")
-    try:
-        digest = (recorded.read_bytes().split() or [b""])[0]
-    except OSError:
-        digest = b""
-    if not re.fullmatch(rb"[0-9a-f]{64}", digest):
-        raise UserError(f"{recorded}: missing, or not a SHA-256 line, so {last} cannot be shown whole; "
-                        f"both are left as they are. {whole}")
-    if digest.decode() != sha256_file(last):       # damaged on the disk, or replaced: not unpickled
-        raise UserError(damaged(run, f"its SHA-256 is not the one in {CHECKSUM}, written with it: "
-                                     f"damaged on the disk, or replaced"))
     try:    # onto the CPU: the random states stay CPU byte tensors; load_state_dict moves the rest
         state = torch.load(last, map_location="cpu", weights_only=True)
     except Exception as e:      # not a checkpoint: UnpicklingError, EOFError, IndexError, struct.error
@@ -186,8 +161,7 @@ def load_last(run: RunFolder) -> Checkpoint | None:
 
 @contextlib.contextmanager
 def restoring(run: RunFolder):
-    """Where train() puts last/'s state back: a state that does not fit the model (another model's, one
-    of other shapes) is the one line of damaged(), not a traceback."""
+    """Where train() puts last/'s state back: a state that does not fit the model is damaged()'s line."""
     try:
         yield
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
@@ -195,8 +169,8 @@ def restoring(run: RunFolder):
 
 
 def resumed(run: RunFolder, state: Checkpoint, saved: tuple) -> None:
-    """After train() put `state` back: best/ checked (rule 4: lost, or another run's: one line; one that
-    fell behind last/ saved again from `saved`), the log cut back to last/'s length (rule 1)."""
+    """After train() put `state` back: rule 4 for best/ (saved again from `saved` where it fell behind),
+    rule 1 for the log."""
     step, best_step = state.step, state.best_step
     problem = best_problem(run, best_step, state.best) if run.main and best_step else None
     if problem and (best_step != step or "another run's" in problem):
@@ -214,25 +188,18 @@ def resumed(run: RunFolder, state: Checkpoint, saved: tuple) -> None:
 
 
 def cut_log(run: RunFolder, size: int) -> None:
-    """metrics.jsonl cut back to its length when last/ was written, to the end of a whole line: the steps
-    after the checkpoint are trained again, and logged once."""
+    """Rule 1: the log cut back to last/'s `size`, to the end of a whole line: the steps after the
+    checkpoint are trained again, and logged once."""
     if not os.path.lexists(run.log):
         return
-    with writing(str(run.log), run.kept), run.own_log("rb+") as f:
-        log = f.read()
-        if len(log) < size:
-            print(f"note: {run.log} is shorter than when {run.out / 'last'} was written (edited or "
-                  f"replaced?); it is kept as it is, but for a last line cut short", file=sys.stderr)
-        os.ftruncate(f.fileno(), log.rfind(b"\n", 0, size) + 1)
+    with writing(str(run.log), run.kept), open(run.log, "rb+") as f:
+        os.ftruncate(f.fileno(), f.read().rfind(b"\n", 0, size) + 1)
 
 
 def damaged(run: RunFolder, e: Exception | str) -> str:
-    """The one line for a last/state.pt that cannot be this run's checkpoint (`e`: why), saying what is
-    still good: a user who cannot continue keeps the best model and the log."""
+    """Rule 2's line for a last/state.pt that is not this run's checkpoint (`e`: why)."""
     last = run.out / "last" / "state.pt"
     reason = e if isinstance(e, str) else (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-    if "Weights only load failed" in str(e):
-        reason = "it holds objects other than tensors and numbers, which loading would run as code"
     try:
         step = read_json_object(run.out / "best" / "dev_metrics.json")["step"]
     except (ValueError, KeyError):
@@ -250,8 +217,6 @@ def damaged(run: RunFolder, e: Exception | str) -> str:
 def best_problem(run: RunFolder, best_step: int, best: float) -> str | None:
     """What is wrong with best/ as this run's model of step `best_step` (STS-B dev `best`), or None."""
     folder = run.out / "best"
-    if problem := model_folder_problem(folder):
-        return problem
     try:
         saved = read_json_object(folder / "dev_metrics.json")
     except ValueError:
@@ -265,7 +230,7 @@ def best_problem(run: RunFolder, best_step: int, best: float) -> str | None:
 
 
 def verified_best(run: RunFolder, best_step: int, best: float) -> Path:
-    """best/, shown to be this run's model of step `best_step`: what the final report loads."""
+    """best/, shown to be this run's model of step `best_step`, for the final report."""
     if problem := best_problem(run, best_step, best):
         raise UserError(f"{run.out / 'best'}: {problem}. This run's best model is lost: train the run "
                         f"again in another --output_dir.")
@@ -273,14 +238,8 @@ def verified_best(run: RunFolder, best_step: int, best: float) -> Path:
 
 
 def finished(run: RunFolder) -> dict | None:
-    """Rule 5: the final figures of a run that had ended (best/test_metrics.json), once best/ is shown to
-    be this run's model; None for a run that goes on."""
-    best = run.out / "best"
+    """Rule 5: a finished run's figures (best/test_metrics.json); None for a run that goes on."""
     try:
-        figures, dev = (read_json_object(best / f"{n}_metrics.json") for n in ("test", "dev"))
+        return read_json_object(run.out / "best" / "test_metrics.json")
     except ValueError:
         return None
-    if diffs := not_mine(run, dev.get("run")):
-        raise UserError(f"{best}: not this run's model ({', '.join(diffs[:3])}); it is left as it is. "
-                        f"Train the run again in another --output_dir.")
-    return figures

@@ -33,8 +33,8 @@ _launch: dict[Path, str] = {}       # the script -> why its bytes cannot be show
 # ---- rule 1: the repository's modules, compiled from the bytes kept for them ---------------------------
 
 class KeptLoader(importlib.machinery.SourceFileLoader):
-    """The standard loader of a .py file, but for where its code comes from: the bytes read here, once,
-    kept; no .pyc, which is valid for a file's size and mtime in seconds, not for its bytes."""
+    """Rule 1: the standard loader of a .py file but for its code's source (a .pyc is valid for a file's
+    size and mtime in seconds, not for its bytes)."""
 
     def get_code(self, fullname: str):
         path = self.get_filename(fullname)

@@ -40,8 +40,7 @@ _run: RunFolder | None = None      # the run folder this command opened (opened(
 
 
 def opened(run: RunFolder) -> None:
-    """plumbing/start.py's call as it names the run folder: the one run_main's stop and write-error lines
-    speak of. An earlier command's in this process (a test's) is let go first."""
+    """plumbing/start.py's call as it names the run folder. An earlier command's (a test's) is let go."""
     global _run
     let_go()
     _run = run
@@ -56,8 +55,7 @@ def let_go() -> None:
 
 
 def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
-    """Call `main(argv)` and end in one line and an exit status (say()); under torchrun a rank stopped
-    because another one ended says so; the run folder let go."""
+    """Rules 1-3 around `main(argv)`."""
     let_go()                                               # plumbing/start.py names this command's run
     handlers = interrupts.take_over() if threading.current_thread() is threading.main_thread() else {}
     stderr, sys.stderr = sys.stderr, Screen(sys.stderr)

@@ -139,9 +139,7 @@ def sub_batched(encoder: nn.Module, parts: int = SUB_BATCHES) -> nn.Module:
 
 
 def compiled_forward(model: nn.Module, device: torch.device, compile: bool, world_size: int) -> Callable:
-    """model(batch) as train() calls it: DDP over several processes, compiled on a GPU unless --no-compile;
-    on a CPU the encoder's batches in length-sorted parts (sub_batched). On a GPU every batch keeps the
-    compiled step's static shape."""
+    """model(batch) as train() calls it (rules 2 and 3; compiled unless --no-compile)."""
     if device.type == "cpu" and hasattr(getattr(model, "encoder", None), "config"):
         sub_batched(model.encoder)
     net = wrap_ddp(model, device) if world_size > 1 else model

@@ -58,9 +58,8 @@ def fetch(url: str, dest: Path, room: Path | None = None) -> None:
 
 
 def check_download(path: Path, check_sts: Callable[[Path], None], wiki1m_lines: int = WIKI1M_LINES) -> None:
-    """No checksum of SimCSE's files could be verified, so each is proven whole by its content: wiki1m
-    by its 1,000,000 lines; the NLI file by its header and three cells a row; SentEval's archive by its
-    STS/ and SICK/, moved beside it into sts/ and checked by `check_sts`."""
+    """Rule 1: wiki1m by its 1,000,000 lines; the NLI file by its header and three cells a row; SentEval's
+    archive by its STS/ and SICK/, moved beside it into sts/ and checked by `check_sts`."""
     name = path.name
     if name == WIKI1M:
         if (lines := inputs.count_lines(path)) != wiki1m_lines:
@@ -145,9 +144,9 @@ def fetched_on_first_use(data: str | Path) -> bool:
 
 def missing_pieces(data: str | Path, sts_dir: str | Path, check_sts: Callable[[Path], None],
                    models: dict[str, tuple[str, str]]) -> None:
-    """Before a run writes anything: the files the defaults name, fetched if missing, and what cannot
-    be had of them and of `models` ({flag: (name, one more way out)}), all in ONE UserError. A --data
-    of the user's that is not there is a typo, named alone by the checks that follow."""
+    """Rule 3: the files the defaults name, fetched if missing; what cannot be had of them and of `models`
+    ({flag: (name, one more way out)}) in ONE UserError. A --data of the user's that is not there is a
+    typo, named alone by the checks that follow."""
     defaults = {DATA_DIR / "sts": "sts", DATA_DIR / WIKI1M: "wiki1m", DATA_DIR / NLI: "nli"}
     if not Path(data).exists() and Path(data) not in defaults:
         return

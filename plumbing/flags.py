@@ -46,16 +46,12 @@ def arg(default: Any, help: str, source: str = "ours", choices: list | None = No
 
 
 def check_ranges(args: Any) -> None:
-    """Each value UTF-8, finite (argparse takes inf and nan as floats), in its arg() range; else UserError."""
+    """Each value finite (argparse takes inf and nan as floats) and in its arg() range; else UserError."""
     defaults = type(args)()
     for f in dataclasses.fields(args):
         value, default = getattr(args, f.name), flag_text(f.name, getattr(defaults, f.name))
         note = f" {f.metadata['note']}" if f.metadata["note"] else ""
         for x in value if isinstance(value, list) else [value]:
-            if isinstance(x, str) and x.encode(errors="ignore").decode() != x:    # argv's non-UTF-8 bytes
-                flag = "" if f.metadata["positional"] else f"--{f.name} "
-                raise UserError(f"{flag}{os.fsencode(x).decode(errors='backslashreplace')}: not valid UTF-8: "
-                                f"rename the file or folder, and pass its new name.")
             if isinstance(x, float) and not math.isfinite(x):
                 raise UserError(f"--{f.name} {x}: not a finite number. Pass a value such as the default "
                                 f"{default}.")

@@ -36,8 +36,7 @@ from plumbing.errors import UserError, writing
 
 
 def read_once(read: Callable) -> Callable:
-    """Decorator for a reader read(path, flag): the checks and then training read a file, which is
-    read once while unchanged (size and mtime); callers must not change what it returns."""
+    """Rule 4 for a reader read(path, flag), by size and mtime; callers must not change what it returns."""
     cached = functools.lru_cache(maxsize=2)(lambda path, flag, stamp: read(path, flag))
 
     @functools.wraps(read)
@@ -213,10 +212,7 @@ def _folders_like(path: Path) -> str:
     if not path.parent.is_dir():
         missing = next(p for p in path.parents if p.parent.is_dir())
         return f" (there is no folder {missing} either)"
-    try:
-        beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
-    except OSError:
-        return ""
+    beside = [p.name for p in path.parent.iterdir() if p.is_dir()]
     near = difflib.get_close_matches(path.name, beside, n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(str(path.parent / n) for n in near)}?)" if near else ""
 
@@ -245,7 +241,7 @@ def model_missing(name: str, flag: str = "--model", instead: str = "") -> str | 
 
 
 def where_from(name: str, flag: str = "--model", instead: str = "") -> None:
-    """Asked first by every path that loads a model by name: model_missing as a UserError."""
+    """model_missing as a UserError, asked first by every path that loads a model by name."""
     if why := model_missing(name, flag, instead):
         raise UserError(why)
 
@@ -275,11 +271,8 @@ def model_folder_problem(folder: Path) -> str | None:
         except ValueError as e:
             return f"{p} is cut short or damaged (not JSON: {str(e)[:80]})"
     index = folder / "model.safetensors.index.json"
-    try:
-        shards = sorted({folder / f for f in read_json_object(index)["weight_map"].values()}) \
-            if index.is_file() else [folder / "model.safetensors"]
-    except (ValueError, TypeError, AttributeError, KeyError) as e:     # no object, no weight_map of names
-        return f"{index} is not an index of weights ({type(e).__name__}: {str(e)[:80]})"
+    shards = sorted({folder / f for f in read_json_object(index)["weight_map"].values()}) \
+        if index.is_file() else [folder / "model.safetensors"]
     if not all(p.is_file() for p in shards):
         shards = [folder / "pytorch_model.bin"]
         if not shards[0].is_file():
@@ -294,8 +287,6 @@ def model_folder_problem(folder: Path) -> str | None:
                 with safe_open(str(p), "np"):     # the header, and that the file holds all it lists
                     pass
         except Exception as e:          # SafetensorError, UnpicklingError, RuntimeError (a cut zip), EOFError
-            if "Weights only load failed" in str(e):
-                return f"{p} holds objects other than tensors, which loading would run as code"
             return f"{p} is cut short or damaged ({str(e).splitlines()[0][:120]})"
     return None
 

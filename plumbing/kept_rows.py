@@ -6,9 +6,9 @@
   plumbing's inputs.py, sts_data.py, tokens.py), torch, transformers and the device. Any of them
   changed: another file, evaluated again.
 - Where: untrained-<hash of the key>.json in the token cache's folder beside --sts_dir (data/.cache for
-  data/sts), or --cache_dir (where).
+  data/sts), or --cache_dir.
 - Written whole or not at all (write); believed only whole and of its key (read): a damaged file (a
-  copy cut short) or one of other files or code is said so and evaluated again.
+  copy cut short) is said so and evaluated again.
 """
 
 from __future__ import annotations
@@ -57,27 +57,17 @@ def key(model: str, pooler: str, pairs: Any) -> dict | None:
             "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
-def where(made_of: dict, sts_dir: str | Path, cache_dir: str = "") -> Path:
-    return default_cache_dir(sts_dir, cache_dir) / f"untrained-{digest(made_of)[:32]}.json"
-
-
-def read(path: Path, made_of: dict, tasks: list[str]) -> dict | None:
+def read(path: Path, made_of: dict) -> dict | None:
     """The figures kept at `path` if whole and made of `made_of`; None where none are (said if damaged)."""
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        kept = e
-    figures = kept.get("figures") if isinstance(kept, dict) else None
-    whole = (isinstance(figures, dict)
-             and all(isinstance(figures.get(t), dict) and isinstance(figures[t].get("spearman"), float)
-                     for t in tasks)
-             and all(isinstance(figures.get(k), float) for k in ("avg", "alignment", "uniformity")))
-    if whole and kept.get("key") == made_of:
-        return figures
-    print(f"note: {path}: {'made of other files or code' if whole else 'damaged'}; the untrained row is "
-          f"evaluated again", file=sys.stderr)
+    except (OSError, ValueError):
+        kept = None
+    if isinstance(kept, dict) and kept.get("key") == made_of:    # the file's name is its key's hash
+        return kept["figures"]
+    print(f"note: {path}: damaged; the untrained row is evaluated again", file=sys.stderr)
     return None
 
 
@@ -93,10 +83,8 @@ def write(path: Path, made_of: dict, figures: dict) -> bool:
 
 
 def untrained(args: Any, pooler: str, evaluate: Callable[[str, str, str, str], dict]) -> dict:
-    """The untrained --model's final figures, read off with the run's pooler, labelled; kept (read, write)
-    for every later run of the same weights, pooler, STS data and evaluation code, which reads them back:
-    "kept_in" says where, "reused" whether they were read back. `evaluate(model, pooler, sts_dir, desc)`:
-    common.saved_figures, which evaluates an encoder as saved."""
+    """The untrained --model's row, read off with the run's pooler: "kept_in" says where it is kept,
+    "reused" whether it was read back. `evaluate`: common.saved_figures."""
     # NOTE(ours): `cls` reads [CLS] through the encoder's own pretrained pooler layer (BERT's NSP
     # dense + tanh), as tools/eval.py and compare.py --baseline do: the run's MLP started from a
     # random draw, a seed's rather than the encoder's
@@ -106,8 +94,9 @@ def untrained(args: Any, pooler: str, evaluate: Callable[[str, str, str, str], d
     pairs = {t: {k: (a, b, g.tolist()) for k, (a, b, g) in load_sts_pairs(args.sts_dir, t).items()}
              for t in STS_TASKS}
     made_of = key(args.model, pooler, pairs)
-    path = where(made_of, args.sts_dir, args.cache_dir) if made_of else None
-    if path and (figures := read(path, made_of, STS_TASKS)) is not None:
+    path = default_cache_dir(args.sts_dir, args.cache_dir) / f"untrained-{digest(made_of)[:32]}.json" \
+        if made_of else None
+    if path and (figures := read(path, made_of)) is not None:
         return {**row, **figures, "kept_in": str(path), "reused": True}
     figures = evaluate(args.model, pooler, args.sts_dir, f"untrained {name}")
     if path and write(path, made_of, figures):

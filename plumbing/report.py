@@ -78,11 +78,8 @@ def paper_report(res: dict, rows: list[dict], note: str, dev_best: float | None,
 
 def final(best_dir: Path, args: Any, pooler: str, paper_rows: Sequence[Any],
           evaluate: Callable[[str, str, str, str], dict]) -> dict:
-    """Rule 1: reload best/ as a user would and evaluate the 7 STS tasks, alignment and uniformity
-    (`evaluate`: common.saved_figures; with --eval_untrained, the untrained --model too, read off with the
-    same pooler); print them beside the paper's rows that the flags select, keep all of it (with the
-    pooler: tools/compare.py labels the run with it) in best/test_metrics.json; then say what to run
-    next. Returns best/'s figures."""
+    """Rules 1-3 at a run's end (`evaluate`: common.saved_figures; with --eval_untrained, the untrained
+    --model's row too, read off with the same pooler). Returns best/'s figures."""
     res = evaluate(str(best_dir), pooler, args.sts_dir, "final evaluation of best/")
     picked, note = select_rows(args, list(paper_rows))
     rows = [{"label": label, **dataclasses.asdict(r)} for label, r in picked]
@@ -94,8 +91,7 @@ def final(best_dir: Path, args: Any, pooler: str, paper_rows: Sequence[Any],
 
 
 def report(best_dir: Path, args: Any, kept: dict, write: bool = True) -> None:
-    """Rule 3: print a run's final figures (`kept`: best/test_metrics.json) beside its paper rows and the
-    untrained encoder's, keep them, and say what to run next."""
+    """Rule 3: print `kept` (best/test_metrics.json's figures and rows), keep it, say what to run next."""
     dev = json.loads((best_dir / "dev_metrics.json").read_text()).get("stsb_dev")
     print(paper_report(kept, kept["paper_rows"], kept["paper_note"], dev, kept.get("untrained")))
     if write:

@@ -45,11 +45,11 @@ from typing import Any
 
 from plumbing import atomic_writes, checkpoint, code_record
 from plumbing.atomic_writes import recover_dir, sha256_file, write_text_atomic
-from plumbing.checkpoint import CHECKSUM, FORMAT
+from plumbing.checkpoint import FORMAT
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
 from plumbing.flags import NOT_TRAINING, default_output_dir, flags_of, script_name
-from plumbing.inputs import model_folder_problem, read_json_object
+from plumbing.inputs import read_json_object
 from plumbing.ranks import barrier, world
 
 try:
@@ -73,8 +73,7 @@ UNWRITABLE = "--output_dir {}: cannot be written ({}). Choose a folder you can w
 # -------------------------------------------------------------------------------------
 
 def code_files(args: Any) -> dict[str, Path]:
-    """The code a run records, by its path in the repository: its script, common.py and plumbing/ (which
-    decides which sentences train and what best/ holds); code_record keeps the bytes that ran."""
+    """The code a run records, by its path in the repository: its script, common.py and plumbing/."""
     return code_record.modules(sys.modules[type(args).__module__].__file__)
 
 
@@ -128,25 +127,15 @@ def foreign_entry(folder: Path, allowed: set[str], depth: int = 0) -> str | None
     """The first entry of `folder` that no run writes there (another folder is a stage), or None."""
     for entry in sorted(folder.iterdir()):
         name = m[1] if (m := TEMPORARY.fullmatch(entry.name)) else entry.name
-        if name in allowed and name in ("last", CODE) and entry.is_dir():
-            # last/: its two files; code/: copies of the modules that ran (*.py, plumbing/*.py). A file of
-            # the user's saved inside would go with the next checkpoint's swap, unseen
-            copies = [p for p in sorted(entry.rglob("*")) if
-                      p.is_file() and p.suffix == ".py" and p.parent in (entry, entry / "plumbing")
-                      or p == entry / "plumbing" and p.is_dir()]
-            inside = {entry / "state.pt", entry / CHECKSUM} if name == "last" else set(copies)
-            if stray := next((p for p in sorted(entry.rglob("*")) if p not in inside), None):
-                return f"{stray} is not a file a run writes"
-        elif name not in allowed and not (depth == 0 and entry.is_dir() and not m
+        if name not in allowed and not (depth == 0 and entry.is_dir() and not m
                                           and foreign_entry(entry, STAGE_ENTRIES, 1) is None):
             return f"{entry} is not a file a run writes"
     return None
 
 
 class RunFolder:
-    """This command's run folder (plumbing/start.py opens it), a stage inside it (Stage), or a bare folder
-    (train() called alone, in a test). Rank 0 writes; a refused write ends in one line. `device`: the one
-    this process trains on, set by start."""
+    """This command's run folder, a stage inside it (Stage), or a bare folder (train() called alone, in a
+    test). Rank 0 writes."""
 
     def __init__(self, args: Any, out: str | Path | None = None, stage: str = "", device: Any = None):
         self.args, self.out, self.stage_name = args, Path(out or args.output_dir), stage
@@ -167,9 +156,8 @@ class RunFolder:
 
     @property
     def inputs(self) -> dict[str, str]:
-        """The SHA-256 of each file the script trains on beside --data (its Args.INPUTS: ifcl.py's German
-        file), each read once it exists: a file the run makes itself is fingerprinted once made, before
-        the first checkpoint, which carries it. An edit of it between a stop and --resume is refused."""
+        """The SHA-256 of each file the script trains on beside --data (Args.INPUTS: ifcl.py's German
+        file), read once it exists: a file the run makes is fingerprinted before its first checkpoint."""
         for flag in getattr(self.args, "INPUTS", ()):
             path = getattr(self.args, flag)
             if flag not in self._inputs and path and Path(path).is_file():
@@ -182,10 +170,8 @@ class RunFolder:
 
     @classmethod
     def named(cls, args: Any) -> RunFolder:
-        """This command's run folder: --output_dir, or runs/<script>/<the flags that differ>; when that
-        default folder holds a run of other code, the one named after this code beside it (runs/simcse/
-        default-code3f2a1c): an edited script and its original are two runs. Named before any check,
-        so that a stop says what is where."""
+        """Rule 3's naming: --output_dir, or runs/<script>/<the flags that differ>; when that holds a run of
+        other code, the one named after this code beside it (runs/simcse/default-code3f2a1c)."""
         run, base = cls(args), Path(default_output_dir(args))
         if problem := code_record.launch_problem(sys.modules[type(args).__module__].__file__):
             raise UserError(problem)                # the script saved during the launch: what ran is unknown
@@ -199,9 +185,8 @@ class RunFolder:
         return run
 
     def open(self) -> None:
-        """common.start's last step: rank 0 holds the folder (a second process stops here), checks it
-        (rules 1-3), then writes the record of a new run, or, on --resume, puts back what a kill
-        between two renames left. Every rank waits."""
+        """common.start's last step, in rule 2's order: rank 0 holds the folder, checks it, writes the record
+        (or, on --resume, puts back what a kill between two renames left). Every rank waits."""
         if self.main:
             made = not os.path.lexists(self.out)
             if made or not self.out.is_dir():
@@ -225,8 +210,7 @@ class RunFolder:
         barrier()
 
     def hold(self) -> None:
-        """A flock on the folder itself, which the system drops when the process ends however it ends
-        (kill -9 too): a dead run blocks no --resume, and a deleted run.lock frees nothing.
+        """Rule 4, a flock on the folder itself: a deleted run.lock frees nothing.
         NOTE(ours): where a folder cannot be locked (Windows, NFS) the run goes on unlocked."""
         if fcntl is None:
             return
@@ -256,8 +240,8 @@ class RunFolder:
             self.lock = None
 
     def refuse_unless_ours(self, made: bool) -> None:
-        """Rules 1 and 2: refuse, before anything is written, a folder that is neither new, empty nor
-        this run's own, and a --resume that is not this run's (flags, data, script or code)."""
+        """Rules 1-3: refuse a folder that is neither new, empty nor this run's own, and a --resume that is
+        not this run's."""
         out = self.out
         if made or holds_nothing(out):
             if self.resuming:
@@ -323,8 +307,8 @@ class RunFolder:
                             f"continue from. To train again, {elsewhere(out)}.")
 
     def write_record(self) -> None:
-        """run.lock (the holder: on a full disk, a refusal at the first write), then a new run's run.json,
-        code/ and args.json last (a folder with args.json holds the whole record)."""
+        """Rule 5: run.lock (the holder: a full disk is refused here, at the first write), then a new run's
+        run.json, code/ and args.json."""
         if self.lock is not None:
             try:
                 write_text_atomic(self.out / LOCK, f"process {os.getpid()} "
@@ -335,8 +319,6 @@ class RunFolder:
             return
         self.record = {"script": f"{script_name(self.args)}.py", "format": FORMAT,
                        "data_sha256": self.data_sha256, "inputs": self.inputs, "code": self.code}
-        # the bytes that ran (code_record), not the files as they are now: an edit saved since the launch
-        # is not what trains, and is said so
         ran = {f"{CODE}/{f}": code_record.ran(p) for f, p in code_files(self.args).items()}
         for f, p in code_files(self.args).items():
             if code_record.changed(p):
@@ -356,12 +338,8 @@ class RunFolder:
     def write(self, record: dict) -> None:
         """One record of metrics.jsonl, appended to this name's own file."""
         if self.main:
-            with writing(str(self.log), self.kept), self.own_log("a") as f:
+            with writing(str(self.log), self.kept), open(self.log, "a") as f:
                 f.write(json.dumps(record) + "\n")
-
-    def own_log(self, mode: str):
-        """metrics.jsonl to write in place: this name's alone (a hard link keeps its content), no link."""
-        return open(atomic_writes.unshared(self.log), mode)
 
     def stage(self, name: str, settings: dict) -> Stage:
         """A model this run trains before its own (rcl.py's entropy models), in its folder `name`."""
@@ -372,8 +350,7 @@ class RunFolder:
     # ---------------------------------------------------------------------------------
 
     def after_a_stop(self, command: list[str]) -> str:
-        """The line after Ctrl-C, SIGTERM, SIGHUP: what is kept, and the command that goes on from there
-        (`command`: this one as typed), printed whole; --resume added where it continues the run."""
+        """Rule 6 after Ctrl-C, SIGTERM, SIGHUP (`command`: this one as typed)."""
         again = shlex.join(command + ([] if "--resume" in command else ["--resume"]))
         if self.record is not None:
             checkpoints = [*self.out.glob("last/state.pt"), *self.out.glob("*/last/state.pt"),
@@ -422,11 +399,9 @@ def write_json(path: Path, obj: Any) -> None:
 # -------------------------------------------------------------------------------------
 
 class Stage(RunFolder):
-    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of its own in
-    the run folder, held with it (one lock, one record): common.train writes its log and checkpoints as
-    it does the run's, and its identity names the stage, so one stage's last/ never continues another.
-    Complete (end/, DONE.json), it is reused by --resume, held to its `settings`; unfinished, it
-    continues from its last/, or starts again."""
+    """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of the run's,
+    held with it (one lock, one record); common.train writes its log and checkpoints as it does the run's.
+    Complete (end/, DONE.json), it is reused by --resume, held to its `settings`."""
 
     def __init__(self, run: RunFolder, name: str, settings: dict):
         super().__init__(dataclasses.replace(run.args, output_dir=str(run.out / name)), run.out / name, name,
@@ -441,9 +416,6 @@ class Stage(RunFolder):
         again = f"Delete {self.out} to train this model again (the run's other parts are kept), or use " \
                 f"another --output_dir."
         summary = read_record(self.out / DONE, again)
-        for kept in ("end", "best"):        # the weights a finished stage hands on
-            if (problem := model_folder_problem(self.out / kept)) and (self.out / kept).exists():
-                raise UserError(f"--resume: {problem}. {again}")
         if diff := [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]:
             raise UserError(f"--resume: {self.out} was trained with a different "
                             f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "

@@ -28,12 +28,8 @@ from plumbing.sts_data import check_sts, check_sts_files
 
 def start(args: Any, models: dict[str, tuple[str, str]] | None,
           evaluate: Callable[[str, str, str, str], dict]) -> RunFolder:
-    """Before a script loads a model: torchrun's process group and this process's device; every flag,
-    then every file checked before anything is written (the default data downloaded on first use;
-    offline, whatever cannot be had named at once: the data, --model and a script's own `models`,
-    {flag: (name, one more way out)}); the flags that depend on the data settled; the run folder held,
-    with its record (args.json, run.json, code/), and named on stderr. `evaluate`: common.saved_figures,
-    for a finished run's --resume with --eval_untrained (its untrained row)."""
+    """The rules above, in their order, before a script loads a model. `models`: a script's own, {flag:
+    (name, one more way out)}; `evaluate`: common.saved_figures, for a finished run's untrained row."""
     device = init_distributed()
     args.check()                                    # the flags on their own
     run = RunFolder.named(args)                     # --output_dir, or the default for these flags and code

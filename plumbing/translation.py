@@ -167,10 +167,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
 
     if done < len(src):
         device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        t_load = time.perf_counter()
         tok, model = load_mt_model(args.mt_model, device)  # before anything is written
-        print(f"--mt_model {args.mt_model}: loaded in {time.perf_counter() - t_load:.0f} s on {device}",
-              file=sys.stderr)
         if not part.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(meta, json.dumps(key, indent=2))
@@ -221,7 +218,7 @@ def failure_marker(out: Path) -> Path:
 
 
 def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Ranks other than 0 poll for rank 0's file or its failure (a barrier would time out: it takes hours)."""
+    """Rule 3: ranks other than 0 poll for rank 0's file or its failure."""
     print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
     while not out.exists():
         if (failed := failure_marker(out)).exists():
@@ -230,7 +227,7 @@ def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
 
 
 def make_fraternal_file(data: str, out: Path, mt_model: str, device: torch.device) -> None:
-    """ifcl.py's first run: rank 0 translates --data into `out`; the other ranks wait for it."""
+    """Rule 3: rank 0 translates --data into `out`; the other ranks wait for it."""
     rank, world_size = world()
     if rank > 0:
         return wait_for_file(out)
@@ -264,8 +261,7 @@ class FraternalFile:
     models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
-        """After common.start: on the first run rank 0 translates --data while the other ranks wait;
-        then the German lines, one per sentence of --data (`n`, blank lines skipped in both)."""
+        """After common.start: the German lines, made on the first run (make_fraternal_file), `n` of them."""
         if not self.path.is_file():
             make_fraternal_file(self.data, self.path, self.mt_model, device)
         return self.read(n)
@@ -287,9 +283,8 @@ class FraternalFile:
 
 
 def fraternal_file(args: Any) -> FraternalFile:
-    """ifcl.py's one call before common.start: a --fraternal_data left out becomes the file made from
-    --data (args.json records it), which needs a seq2seq --mt_model; a file of the user's must be parallel
-    to --data. Whether the models can be had at all, start says (german.models) with all else missing."""
+    """Rule 4, ifcl.py's one call before common.start: a --fraternal_data left out becomes the file made
+    from --data (args.json records it); whether its models can be had, start says (german.models)."""
     # --data first, named as such when missing or unreadable (unless a default that start fetches)
     n = 0 if downloads.fetched_on_first_use(args.data) else len(inputs.read_sentences(args.data))
     made = default_fraternal_path(args.data, args.mt_model, args.cache_dir)

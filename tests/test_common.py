@@ -340,16 +340,16 @@ def test_atomic_dir_keeps_old_until_commit_and_recovers(tmp_path):
     final = tmp_path / "best"
     final.mkdir()
     (final / "v").write_text("old")
-    tmp, commit = atomic_writes._atomic_dir(final)
-    (tmp / "v").write_text("new")
-    assert (final / "v").read_text() == "old"     # a kill here leaves the old folder whole
-    commit()
+    with atomic_writes.atomic_dir(final) as tmp:
+        (tmp / "v").write_text("new")
+        assert (final / "v").read_text() == "old"     # a kill here leaves the old folder whole
     assert (final / "v").read_text() == "new" and not list(tmp_path.glob(".best*"))
     # a kill between the two renames: only .best.old is there; recover_dir restores it
     final.rename(tmp_path / ".best.old")
     assert (atomic_writes.recover_dir(final) / "v").read_text() == "new"
-    # a kill before the commit: the temporary folder (a full copy) is dropped, best/ stays
-    tmp, _ = atomic_writes._atomic_dir(final)
+    # a kill before the swap: the temporary folder (a full copy) is dropped, best/ stays
+    tmp = tmp_path / ".best.tmp-killed"
+    tmp.mkdir()
     (tmp / "v").write_text("newer")
     assert (atomic_writes.recover_dir(final) / "v").read_text() == "new" and not tmp.exists()
 

@@ -327,15 +327,6 @@ def test_a_model_whose_json_nests_too_deeply_is_named_in_one_line(name, tmp_path
     assert not list(tmp_path.glob("de.txt*"))
 
 
-def test_a_weights_index_that_is_no_index_is_named(tmp_path, tiny_bert):
-    """model.safetensors.index.json is JSON, but no object of shards: named, not a traceback."""
-    folder = shutil.copytree(tiny_bert, tmp_path / "m")
-    for text in ("[]", "{}", '{"weight_map": [1]}'):
-        (folder / "model.safetensors.index.json").write_text(text)
-        assert inputs.model_folder_problem(folder).startswith(
-            f"{folder / 'model.safetensors.index.json'} is not an index of weights ("), text
-
-
 # -------------------------------------------------------------------------------------
 # As a user meets it: a command of its own, the hub unreachable, no offline mode
 # -------------------------------------------------------------------------------------

@@ -149,11 +149,13 @@ def common_reads_top_down(root: Path) -> list[str]:
 # common.py (1,000 lines -> COMMON_CAP), which bounds plumbing/ at SCOPE_BOUND: the two together no
 # larger than before. Above that bound: each module's rules mapped to the functions that keep them, the
 # why of each guarantee (EXPLAINED), checkpoint.py's Checkpoint, and the command line's one hook, less
-# the guarantees against a hostile file system, which went (links and pipes where a run writes, a
-# renamed cache, a hand-edited record, an STS file of gigabytes). The rest of the way to SCOPE_BOUND is
-# a decision of scope still open: raise the cap only with a guarantee, and say which.
+# the guarantees against a hostile file system or a file made by hand, which went (links and pipes where
+# a run writes, a renamed cache, a hand-edited record, an STS file of gigabytes; then last/'s checksum, a
+# hard-linked snapshot, a file saved inside last/ or code/, a best/ or end/ damaged by hand, a name that
+# is not UTF-8). PLUMBING_CAP is still above SCOPE_BOUND: the rest of the way is a decision of scope
+# still open. Lower the cap as plumbing/ shrinks; raise it only with a guarantee, and say which.
 SCOPE_BOUND = 2578 + 1000 - COMMON_CAP
-PLUMBING_CAP = 3295
+PLUMBING_CAP = 3141
 # plumbing/'s lines of docstrings and comments per line of code, as Python's tokenizer counts them
 # (explanation): 0.27 before a round that met the cap by cutting the "why" of each guarantee (0.18).
 # A maintainer changes a guarantee safely only when its reason stands beside it.
