@@ -208,8 +208,9 @@ def command(exp: Experiment) -> str:
 
 def by_hand(exp: Experiment, seed: int = SEEDS[0], root: Path = ROOT) -> str:
     """The changed arm as a student runs it in a checkout of their own: the patch applied, then the
-    script with the testbed's flags (the defaults of this tool's flags) and the experiment's."""
-    tb = Testbed(model=default_model(), data="data/wiki1m_head.txt", sts_dir="data/sts",
+    script with the testbed's flags (the defaults of this tool's flags) and the experiment's. The
+    encoder by its hub name, whatever this machine keeps in models/: the pages show this command."""
+    tb = Testbed(model=f"sentence-transformers/{MINILM}", data="data/wiki1m_head.txt", sts_dir="data/sts",
                  multi30k="data/multi30k")
     argv = merge(tb.flags(exp.script), exp.settings, exp.flags, ["--seed", str(seed)])
     has = patch_path(exp, root).is_file()
