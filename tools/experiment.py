@@ -854,7 +854,8 @@ def docs_section(script: str, root: Path = ROOT, figures: dict | None = None) ->
            "and 40, seeds 1 and 2 (every flag: `python tools/experiment.py --help`). The annotated page "
            f"shows each one beside the line it changes ([pages/{Path(script).stem}.html](pages/"
            f"{Path(script).stem}.html)); all of them, with their times: "
-           "[the index](pages/index.html#experiments).",
+           "[the index](pages/index.html#experiments). A wall time is one run's, on two CPU cores that no "
+           "other run or test shared (an editor or a page build sometimes did).",
            ""]
     for exp in load_experiments(root):
         if exp.script != script:
