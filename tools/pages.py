@@ -993,13 +993,22 @@ def minutes(seconds: float) -> str:
 
 
 def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sha: str) -> str:
-    """One experiment's block: its question, the change, the command, and what it measured (or
-    that it has not been measured on this version of the script)."""
+    """One experiment's block, folded to one line beside the code (what it changes and, once measured,
+    its 7-task average against the control's): open, its question, the change, the command, what
+    it measured (the table; the curves a link away), or that it has not been measured yet."""
     from markdown_it import MarkdownIt
 
     name = html.escape(exp.name)
-    parts = [f'<p class="try-head"><span class="tag">Try it</span> <strong>{html.escape(exp.title)}'
-             f"</strong></p>", f"<p>{inline_text(exp.question, page)}</p>"]
+    outcome = "not measured yet"
+    if measured is not None:
+        avg = {role: [s["avg"] for s in arm["seeds"].values() if s.get("avg") is not None]
+               for role, arm in measured.get("arms", {}).items()}
+        if avg.get("control") and avg.get("changed"):
+            outcome = (f"7-task avg {sum(avg['changed']) / len(avg['changed']):.2f} against "
+                       f"{sum(avg['control']) / len(avg['control']):.2f} unchanged")
+    parts = [f'<summary><span class="tag">Try it</span> <strong>{html.escape(exp.title)}</strong> '
+             f'<span class="outcome">· {html.escape(outcome)}</span></summary>',
+             f"<p>{inline_text(exp.question, page)}</p>"]
     patch = tool.patch_path(exp, root)
     if patch.is_file():
         text = patch.read_text(encoding="utf-8")
@@ -1023,12 +1032,10 @@ def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sh
                          f"may no longer hold: the command above measures it again.</p>")
         md = MarkdownIt("commonmark", {"html": False}).enable("table")
         parts.append(f'<div class="measured">{md.render(measured["table"])}</div>')
-        image = root / "docs" / "experiments" / f"{exp.name}.png"
-        if image.is_file():
-            parts.append(f'<p><a href="../experiments/{name}.png"><img src="../experiments/{name}.png" '
-                         f'alt="{html.escape(exp.title)}: the figures it acts on, step by step, both arms"'
-                         f' loading="lazy"></a></p>')
-    return f'<div class="try" id="try-{name}">{"".join(parts)}</div>'
+        if (root / "docs" / "experiments" / f"{exp.name}.png").is_file():
+            parts.append(f'<p>The curves, both arms, both seeds: <a href="../experiments/{name}.png">'
+                         f"docs/experiments/{name}.png</a></p>")
+    return f'<details class="try" id="try-{name}">{"".join(parts)}</details>'
 
 
 def try_blocks(s: Script, page: Page) -> dict[int, list[str]]:
