@@ -590,16 +590,15 @@ def train(args: TrainArgs, run: RunFolder, model: nn.Module, data: dict[str, Tok
     saved = (model.encoder, tokenizer, pooler, mlp)                 # what best/ keeps
     step, dev, best, best_step, stopped = 0, None, -math.inf, 0, False      # the loop's state
     if args.resume and (last := checkpoint.load_last(run)) is not None:    # verified, data only
-        with checkpoint.restoring(run):                  # a state that does not fit: one line
-            for part, state in ((model, last.model), (opt, last.opt), (sched, last.sched)):
-                part.load_state_dict(state)
-            if hasattr(should_stop, "load_state_dict"):  # rcl.py's EarlyStop
-                should_stop.load_state_dict(last.should_stop)
-            torch.set_rng_state(last.rng_cpu)
-            if torch.cuda.is_available() and last.rng_cuda is not None:
-                torch.cuda.set_rng_state(last.rng_cuda)
-            step, dev, best, best_step = last.step, last.dev, last.best, last.best_step
-            stopped = last.stopped_early
+        for part, state in ((model, last.model), (opt, last.opt), (sched, last.sched)):
+            part.load_state_dict(state)
+        if hasattr(should_stop, "load_state_dict"):      # rcl.py's EarlyStop
+            should_stop.load_state_dict(last.should_stop)
+        torch.set_rng_state(last.rng_cpu)
+        if torch.cuda.is_available() and last.rng_cuda is not None:
+            torch.cuda.set_rng_state(last.rng_cuda)
+        step, dev, best, best_step = last.step, last.dev, last.best, last.best_step
+        stopped = last.stopped_early
         checkpoint.resumed(run, last, saved)     # best/ checked (or saved again); the log cut back to last/'s
     meter = Meter(device)
     with progress(total, flags.script_name(args), "step", disable=rank != 0, initial=step) as bar:

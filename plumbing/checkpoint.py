@@ -4,31 +4,32 @@ train() (common.py) decides what a checkpoint keeps, which model is best and whe
 writes them and reads them back. A change to how checkpoints are written opens this file and train().
 
     last/state.pt   a Checkpoint: the model, AdamW and its schedule, the loop's state, the random
-                    state, rcl.py's early stop; the run's identity; the log's length when written
+                    state, rcl.py's early stop; the log's length when written
     best/           the best model by STS-B dev, as a model folder (plumbing/export.py), with
-                    args.json and dev_metrics.json (its dev figures and the run's identity)
+                    args.json and dev_metrics.json (its step and dev figures)
 
 The rules, and the function that keeps each:
 1. One commit point (save_last): last/ is swapped in whole, after the log it refers to is synced, so a
    kill at any moment leaves the old checkpoint or the new one, and --resume cuts the log back to the
    checkpoint's length (resumed, cut_log): the log reads as one run.
 2. Nothing is used before it is verified (load_last): loaded as data only (weights_only, so a pickle
-   never runs code), then the identity checked. A checkpoint that fails either is one line that says
-   what is still good (damaged); nothing is changed.
-3. A checkpoint and best/ are this run's or refused (identity, not_mine): the script, the stage, the
-   flags that say what it trains, the data and the code. A last/ copied from a run with another seed
-   or another script, or left by edited code, would continue a run that never was.
+   never runs code), and it must hold a Checkpoint's fields. A checkpoint that fails either is one line
+   that says what is still good (damaged); nothing is changed. NOTE(ours): a state whose tensors do not
+   fit the model could only be made by hand (run.json holds --resume to the same flags and code).
+3. Whose checkpoint it is, is the run folder's to say: --resume is refused unless the flags, the data
+   and the code are the ones run.json recorded (run_folder.py's rule 3), and a folder holds only what
+   its own run wrote. NOTE(ours): a last/ or best/ copied in by hand from another run is not caught;
+   an earlier version checked an identity kept in each checkpoint, a guard against the hand alone.
 4. best/ is what last/ says it is (best_problem): the model of the best step, with its figure. On
-   --resume a best/ that fell behind last/ is saved again from the model (resumed); one that cannot be
-   made again (an earlier step's) is refused. The final report loads best/ only once it is shown to be
-   this run's (verified_best).
+   --resume a best/ that fell behind last/ (a kill between the two saves) is saved again from the
+   model (resumed); one that cannot be made again (an earlier step's) is refused. The final report
+   loads best/ only once it holds the step last/ names (verified_best).
 5. A finished run drops last/ (drop_last): the weights and AdamW's moments, about 3x the model, only
    served to continue it; best/ and the record stay. A --resume of it shows its figures (finished).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
@@ -41,7 +42,7 @@ import torch
 from plumbing.atomic_writes import atomic_dir, sync_to_disk
 from plumbing.errors import UserError, writing
 from plumbing.export import save_pretrained_dir
-from plumbing.flags import NOT_TRAINING, flags_of, script_name
+from plumbing.flags import flags_of
 from plumbing.inputs import read_json_object
 
 RunFolder = Any                 # plumbing/run_folder.py's, which imports this module
@@ -53,7 +54,7 @@ FORMAT = 3
 @dataclasses.dataclass
 class Checkpoint:
     """What last/state.pt holds: all that train() needs to go on as if the run had not stopped. train()
-    fills the first fields; save_last adds the last two. Saved as a dict, which weights_only reads."""
+    fills the first fields; save_last adds the last one. Saved as a dict, which weights_only reads."""
     model: dict                     # model.state_dict(): the encoder and the method's own modules
     opt: dict                       # AdamW's moments
     sched: dict                     # where the learning rate's schedule is
@@ -65,42 +66,7 @@ class Checkpoint:
     rng_cpu: torch.Tensor           # the random state: dropout's masks go on as they would have
     rng_cuda: torch.Tensor | None
     should_stop: dict | None = None     # rcl.py's early stop: its count and the loss since its last check
-    run: dict = dataclasses.field(default_factory=dict)     # identity(): whose checkpoint this is
     log_bytes: int = 0              # metrics.jsonl's length when it was written: --resume cuts back to it
-
-
-# the fields a checkpoint must hold to be put back (those with a default may be absent from an old one)
-NEEDED = {f.name for f in dataclasses.fields(Checkpoint) if f.default is dataclasses.MISSING
-          and f.default_factory is dataclasses.MISSING} | {"run", "log_bytes"}
-
-
-# -------------------------------------------------------------------------------------
-# Rule 3: whose checkpoint (and best/) it is
-# -------------------------------------------------------------------------------------
-
-def identity(run: RunFolder) -> dict:
-    """Rule 3's identity (flags: not those --resume may change, nor --data's path: its content counts).
-    Two runs with the same identity train the same numbers."""
-    return {"format": FORMAT, "script": f"{script_name(run.args)}.py", "stage": run.stage_name,
-            "data_sha256": run.data_sha256, "inputs": run.inputs, "code": run.code,
-            "flags": flags_of(run.args, (*NOT_TRAINING, "data"))}
-
-
-def not_mine(run: RunFolder, then: Any) -> list[str]:
-    """How an identity (a checkpoint's, best/'s) differs from this run's, in words ([]: none)."""
-    now, then = identity(run), then if isinstance(then, dict) else {}
-    if then.get("format") != FORMAT:
-        return ["written by an earlier version of this project, which did not record the code"]
-    stage = f"the stage {then.get('stage')}" if then.get("stage") else "the run's own model"
-    diffs = [what for key, what in (("script", f"the script {then.get('script')}"), ("stage", stage),
-                                    ("data_sha256", "other data")) if then.get(key) != now[key]]
-    flags, code, files = (then.get(k) if isinstance(then.get(k), dict) else {} for k in
-                          ("flags", "code", "inputs"))
-    diffs += [f"--{k} {flags.get(k)!r} (this run: {v!r})" for k, v in now["flags"].items()
-              if flags.get(k) != v]
-    diffs += [f"--{k} {getattr(run.args, k)}: its content changed since" for k, v in
-              now["inputs"].items() if files.get(k) != v]
-    return diffs + [f"{f} of other code" for f in now["code"] if code.get(f) != now["code"][f]]
 
 
 # -------------------------------------------------------------------------------------
@@ -108,11 +74,11 @@ def not_mine(run: RunFolder, then: Any) -> list[str]:
 # -------------------------------------------------------------------------------------
 
 def save_last(run: RunFolder, state: Checkpoint) -> None:
-    """Rule 1: `state` with the run's identity and the log's length, the log synced first (a --resume
-    cuts the log back to that length, so the log must hold it on the disk)."""
+    """Rule 1: `state` with the log's length, the log synced first (a --resume cuts the log back to that
+    length, so the log must hold it on the disk)."""
     with writing(str(run.log), run.kept):
         sync_to_disk(run.log)
-    state = dataclasses.replace(state, run=identity(run), log_bytes=run.log.stat().st_size)
+    state = dataclasses.replace(state, log_bytes=run.log.stat().st_size)
     with writing(str(run.out / "last"), run.kept), atomic_dir(run.out / "last") as tmp:
         with open(tmp / "state.pt", "wb") as f:
             # a file, not a path: the system's error (ENOSPC, ...) reaches here, not torch's own words
@@ -122,8 +88,8 @@ def save_last(run: RunFolder, state: Checkpoint) -> None:
 
 def save_best(run: RunFolder, record: dict, saved: tuple) -> None:
     """best/ as a model folder (`saved`: encoder, tokenizer, pooler, mlp), with the flags and its dev
-    figures, which carry the run's identity."""
-    extra = {"args.json": flags_of(run.args), "dev_metrics.json": {**record, "run": identity(run)}}
+    figures."""
+    extra = {"args.json": flags_of(run.args), "dev_metrics.json": record}
     with writing(str(run.out / "best"), run.kept):
         save_pretrained_dir(run.out / "best", *saved, extra=extra)
 
@@ -148,24 +114,9 @@ def load_last(run: RunFolder) -> Checkpoint | None:
             print(f"no checkpoint in {last.parent} yet: training starts from step 0", file=sys.stderr)
         return None
     try:    # onto the CPU: the random states stay CPU byte tensors; load_state_dict moves the rest
-        state = torch.load(last, map_location="cpu", weights_only=True)
-    except Exception as e:      # not a checkpoint: UnpicklingError, EOFError, IndexError, struct.error
+        return Checkpoint(**torch.load(last, map_location="cpu", weights_only=True))
+    except Exception as e:      # UnpicklingError, EOFError, struct.error; TypeError: other fields
         raise UserError(damaged(run, e))
-    if not isinstance(state, dict) or not NEEDED <= state.keys():
-        raise UserError(damaged(run, "it lacks what a checkpoint of this version holds"))
-    if diffs := not_mine(run, state["run"]):
-        raise UserError(damaged(run, f"it is another run's checkpoint: {', '.join(diffs[:4])}"))
-    names = {f.name for f in dataclasses.fields(Checkpoint)}
-    return Checkpoint(**{k: v for k, v in state.items() if k in names})
-
-
-@contextlib.contextmanager
-def restoring(run: RunFolder):
-    """Where train() puts last/'s state back: a state that does not fit the model is damaged()'s line."""
-    try:
-        yield
-    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-        raise UserError(damaged(run, e)) from e
 
 
 def resumed(run: RunFolder, state: Checkpoint, saved: tuple) -> None:
@@ -173,7 +124,7 @@ def resumed(run: RunFolder, state: Checkpoint, saved: tuple) -> None:
     rule 1 for the log."""
     step, best_step = state.step, state.best_step
     problem = best_problem(run, best_step, state.best) if run.main and best_step else None
-    if problem and (best_step != step or "another run's" in problem):
+    if problem and best_step != step:
         lost = f" The model of step {best_step}, the best STS-B dev, was kept only there (last/ holds " \
                f"step {step})." if best_step != step else ""
         raise UserError(f"{run.out / 'best'}: {problem}.{lost} Train the run again in another "
@@ -200,14 +151,9 @@ def damaged(run: RunFolder, e: Exception | str) -> str:
     """Rule 2's line for a last/state.pt that is not this run's checkpoint (`e`: why)."""
     last = run.out / "last" / "state.pt"
     reason = e if isinstance(e, str) else (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-    try:
-        step = read_json_object(run.out / "best" / "dev_metrics.json")["step"]
-    except (ValueError, KeyError):
-        step = None
-    good = f"{run.out / 'best'} (the model of step {step}) and " if step is not None else ""
     return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
-            f"{good}{run.log}. This run cannot continue from it: train it again in another "
-            f"--output_dir (or move {run.out} away first).")
+            f"{run.out / 'best'} (its dev_metrics.json names its step) and {run.log}. This run cannot "
+            f"continue from it: train it again in another --output_dir (or move {run.out} away first).")
 
 
 # -------------------------------------------------------------------------------------
@@ -221,8 +167,6 @@ def best_problem(run: RunFolder, best_step: int, best: float) -> str | None:
         saved = read_json_object(folder / "dev_metrics.json")
     except ValueError:
         return f"{folder / 'dev_metrics.json'} is missing or damaged"
-    if diffs := not_mine(run, saved.get("run")):
-        return f"it is another run's model ({', '.join(diffs[:3])})"
     if saved.get("step") != best_step or saved.get("stsb_dev") != best:
         return f"it holds the model of step {saved.get('step')} (STS-B dev {saved.get('stsb_dev')}), " \
                f"not of step {best_step} ({best})"
@@ -230,7 +174,7 @@ def best_problem(run: RunFolder, best_step: int, best: float) -> str | None:
 
 
 def verified_best(run: RunFolder, best_step: int, best: float) -> Path:
-    """best/, shown to be this run's model of step `best_step`, for the final report."""
+    """best/, shown to hold this run's model of step `best_step`, for the final report."""
     if problem := best_problem(run, best_step, best):
         raise UserError(f"{run.out / 'best'}: {problem}. This run's best model is lost: train the run "
                         f"again in another --output_dir.")

@@ -256,19 +256,10 @@ def test_resume_may_change_where_and_how_a_run_is_written(tmp_path, tiny_bert, d
 # A last/state.pt that is not this run's checkpoint
 # ------------------------------------------------------------------------------------
 
-def _other_model(path: Path) -> None:
-    """A whole checkpoint of another script's model: the same layout, other module names."""
-    state = torch.load(path, weights_only=True)
-    state["model"] = {f"student.{k}": v for k, v in state["model"].items()}
-    state["model"]["queue"] = torch.zeros(16, 32)
-    torch.save(state, path)
-
-
 DAMAGES = {
     "cut to half": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
     "empty": lambda p: p.write_bytes(b""),
     "a text file": lambda p: p.write_text("step 4, loss 0.12\n"),
-    "another script's model": _other_model,
 }
 
 
@@ -283,9 +274,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_changes(
     assert code == 2, err[-3000:]
     message = _one_line_error(err)
     assert f"{state}: not a checkpoint of this run" in message, message
-    # what is still good: best/ (and its step) and the log; what to do
-    best_step = json.loads((out / "best" / "dev_metrics.json").read_text())["step"]
-    assert f"Still good, and left as they are: {out / 'best'} (the model of step {best_step}) and " \
+    # what is still good: best/ and the log; what to do
+    assert f"Still good, and left as they are: {out / 'best'} (its dev_metrics.json names its step) and " \
            f"{out / 'metrics.jsonl'}" in message, message
     assert "another --output_dir" in message, message
     assert _tree(out) == before
@@ -322,40 +312,17 @@ def _resave(path: Path, change) -> None:
     torch.save(state, path)
 
 
-@pytest.mark.parametrize("other", ["--seed 7", "focal_infonce.py"])
-def test_another_runs_checkpoint_is_refused_in_one_line(tmp_path, tiny_bert, data, small_sts, interrupted,
-                                                        capsys, other, monkeypatch):
-    """`rm -r R/last; cp -a OTHER/last R/last`, OTHER the same command with --seed 7, or another
-    script's run: whole checkpoints, which --resume would have trained on."""
-    import focal_infonce
-    out, theirs = _copy(interrupted, tmp_path), tmp_path / "other"
-    argv = _argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--max_steps", "2")
-    with monkeypatch.context() as mp:
-        mp.setattr(checkpoint, "drop_last", lambda run: None)     # OTHER keeps its last/
-        assert (simcse.main([*argv, "--seed", "7"]) if other == "--seed 7" else focal_infonce.main(argv))
-    shutil.rmtree(out / "last")
-    shutil.copytree(theirs / "last", out / "last")
-    before = _tree(out)
-    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 2, err[-3000:]
-    message = _one_line_error(err)
-    assert f"{out / 'last' / 'state.pt'}: not a checkpoint of this run (it is another run's checkpoint: " \
-        in message, message
-    assert ("--seed 7 (this run: 42)" if other == "--seed 7" else "the script focal_infonce.py") in message
-    assert _tree(out) == before
-
-
-def test_a_checkpoint_from_before_run_identities_is_refused_and_nothing_changes(
+def test_a_checkpoint_that_lacks_a_field_is_refused_and_nothing_changes(
         tmp_path, tiny_bert, data, small_sts, interrupted, capsys):
-    """What an earlier version wrote (no "run" in state.pt) cannot be shown to be this run's: refused
-    in one line, the folder as it was."""
+    """A state.pt without a field a Checkpoint needs (its step, here) cannot be put back: refused in one
+    line, the folder as it was."""
     out = _copy(interrupted, tmp_path)
-    _resave(out / "last" / "state.pt", lambda state: state.pop("run"))
+    _resave(out / "last" / "state.pt", lambda state: state.pop("step"))
     before = _tree(out)
     code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
     assert code == 2, err[-3000:]
-    assert f"{out / 'last' / 'state.pt'}: not a checkpoint of this run (it lacks what a checkpoint of this " \
-           f"version holds)" in _one_line_error(err)
+    assert f"{out / 'last' / 'state.pt'}: not a checkpoint of this run (" in _one_line_error(err)
+    assert "'step'" in _one_line_error(err)
     assert _tree(out) == before
 
 
@@ -363,13 +330,8 @@ def _cut(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _float_rng(out: Path) -> None:
-    _resave(out / "last" / "state.pt", lambda state: state.update(rng_cpu=state["rng_cpu"].float()))
-
-
 # what a damaged part of a run's record does to --resume: (the damage, the file the line names and how)
 RECORDS = {
-    "an RNG state that is a float tensor": (_float_rng, "last/state.pt: not a checkpoint of this run ("),
     "args.json cut short": (lambda out: _cut(out / "args.json"), "args.json: cut short or damaged ("),
     "run.json cut short": (lambda out: _cut(out / "run.json"), "run.json: cut short or damaged ("),
 }
@@ -924,26 +886,6 @@ def test_an_empty_folder_of_the_users_is_taken(tmp_path, tiny_bert, data, small_
     assert (out / "best" / "test_metrics.json").is_file() and not (out / "last").exists()
 
 
-def test_a_best_of_another_run_at_the_same_step_is_refused(tmp_path, tiny_bert, data, small_sts, interrupted,
-                                                            capsys, monkeypatch):
-    """best/ swapped for the best/ of the same command with --seed 7, at the same step: refused, not
-    saved over nor reported as this run's."""
-    out, theirs = _copy(interrupted, tmp_path), tmp_path / "theirs"
-    with monkeypatch.context() as mp:
-        mp.setattr(checkpoint, "drop_last", lambda run: None)
-        simcse.main(_argv(theirs, tiny_bert, data, small_sts, tmp_path / "cache", "--seed", "7",
-                          "--max_steps", "2"))
-    shutil.rmtree(out / "best")
-    shutil.copytree(theirs / "best", out / "best")
-    (out / "best" / "test_metrics.json").unlink()            # a best/ as a run leaves it before its end
-    before = _tree(out)
-    code, err = _run(_argv(out, tiny_bert, data, small_sts, tmp_path / "cache", "--resume"), capsys)
-    assert code == 2, err[-3000:]
-    message = _one_line_error(err)
-    assert f"{out / 'best'}: it is another run's model (" in message and "--seed 7 (this run: 42)" in message
-    assert _tree(out) == before
-
-
 # ------------------------------------------------------------------------------------
 # Rule 4: one line, whatever the reason
 # ------------------------------------------------------------------------------------
@@ -957,9 +899,8 @@ def test_too_few_file_descriptors_end_in_one_line(tmp_path, tiny_bert, data, sma
                         *_argv(tmp_path / "run", tiny_bert, data, small_sts, tmp_path / "cache")],
                        env=ENV, capture_output=True, text=True, timeout=600, preexec_fn=limited)
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    if r.returncode:          # met reading (2) or writing (4): the one line says how to raise it
+    if r.returncode:          # met reading (2) or writing (4): the one line names it
         assert r.returncode in (2, 4) and "Too many open files" in r.stderr, r.stderr[-3000:]
-        assert "ulimit -n" in r.stderr.splitlines()[-1], r.stderr[-3000:]
 
 
 def _torchrun(tmp_path: Path, argv: list[str], die_at: int = 0) -> subprocess.Popen:
