@@ -11,9 +11,9 @@ The rules, and what keeps each:
 1. A module of the repository (common.py, plumbing/) is compiled from the bytes kept for it, never
    from a .pyc and never read twice: KeptLoader.get_code, installed as the first finder (Finder).
 2. The script itself is compiled by Python before any of this runs. Its bytes are read at the first
-   import of plumbing (each script's first line), and compiled again to check that they are the code
-   Python runs (read_script); an edit saved in between is found, and the run refuses to record it
-   (launch_problem): it cannot know what trained.
+   import of plumbing (read_script), each script's first line, a few milliseconds after Python read
+   them. NOTE(ours): an edit saved inside those milliseconds would be recorded as what ran; an earlier
+   version compiled the bytes again to catch it, a guard against a race no editor's habit meets.
 3. A record keeps the kept bytes (ran), and names each file that differs on disk by then (changed).
 A module loaded before plumbing (a test that imports common first) has no kept bytes: it is read when
 first asked for, as before this module existed.
@@ -27,7 +27,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]                   # the repository
 _kept: dict[Path, bytes] = {}       # a module's resolved path -> the bytes it was compiled from
-_launch: dict[Path, str] = {}       # the script -> why its bytes cannot be shown to be what runs
 
 
 # ---- rule 1: the repository's modules, compiled from the bytes kept for them ---------------------------
@@ -54,40 +53,17 @@ class Finder:
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             return None
-        if Path(spec.origin).resolve().parent not in (HERE, HERE / "plumbing"):
-            return None                                 # a module of that name elsewhere: not ours
         spec.loader = KeptLoader(name, spec.origin)
         return spec
 
 
-# ---- rule 2: the script, read at plumbing's first import and checked against what Python compiled -----
+# ---- rule 2: the script, read at plumbing's first import -----------------------------------------------
 
 def read_script() -> None:
-    """The running script's bytes (`python simcse.py`), kept, if its module code is on the stack: compiled
-    again, they must give the code Python is running, else the file changed since the launch."""
-    main = sys.modules.get("__main__")
-    file = getattr(main, "__file__", None)
-    frame = sys._getframe()
-    while frame is not None and not (frame.f_globals is getattr(main, "__dict__", None)
-                                     and frame.f_code.co_name == "<module>"):
-        frame = frame.f_back
-    if not file or frame is None:                   # python -c, runpy, a test: nothing to check against
-        return
-    path = Path(file).resolve()
-    try:
-        data = path.read_bytes()
-        same = compile(data, frame.f_code.co_filename, "exec", dont_inherit=True) == frame.f_code
-    except (OSError, SyntaxError, ValueError):      # gone, or saved half written
-        data, same = b"", False
-    _kept[path] = data
-    if not same:
-        _launch[path] = f"{path.name} was saved while this command started, so the code it runs cannot be " \
-                        f"told from the file; nothing was written. Run the command again."
-
-
-def launch_problem(path: Path) -> str | None:
-    """Why the record cannot name the code `path` ran (rule 2), or None."""
-    return _launch.get(Path(path).resolve())
+    """The running script's bytes (`python simcse.py`), kept; nothing for python -c, runpy or a test."""
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if file and Path(file).is_file():
+        ran(file)
 
 
 # ---- rule 3: what a record keeps ---------------------------------------------------------------------

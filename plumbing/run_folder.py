@@ -173,8 +173,6 @@ class RunFolder:
         """Rule 3's naming: --output_dir, or runs/<script>/<the flags that differ>; when that holds a run of
         other code, the one named after this code beside it (runs/simcse/default-code3f2a1c)."""
         run, base = cls(args), Path(default_output_dir(args))
-        if problem := code_record.launch_problem(sys.modules[type(args).__module__].__file__):
-            raise UserError(problem)                # the script saved during the launch: what ran is unknown
         if not args.output_dir:
             fresh = base.with_name(f"{base.name}-code{code_id(run.code)}")
             mine = [f for f in (base, fresh) if recorded_code(f) == run.code]
@@ -224,15 +222,9 @@ class RunFolder:
             self.release()
         except OSError:
             return
-
-        try:
-            with open(self.out / LOCK) as f:
-                holder = f.read(500).strip()
-        except (OSError, ValueError):       # gone since, or not text: the lock alone is the truth
-            holder = ""
-        raise UserError(f"--output_dir {self.out} is in use by {holder or 'another process'}. One "
-                        f"process at a time trains in a run folder: wait for that one to end (or stop it), "
-                        f"then continue the run with --resume; or choose another --output_dir.")
+        raise UserError(f"--output_dir {self.out} is in use by another process ({self.out / LOCK} says "
+                        f"which). One process at a time trains in a run folder: wait for that one to end (or "
+                        f"stop it), then continue the run with --resume; or choose another --output_dir.")
 
     def release(self) -> None:
         if self.lock is not None:
@@ -298,13 +290,6 @@ class RunFolder:
             raise UserError(f"--resume: this command would train another run than the one in {out}, which "
                             f"is left as it is:{listed}{how}\nTo train this, {start}.")
         self.record = run
-        # a run's second evaluation record comes after its first checkpoint was committed
-        if self.log.is_file() and self.log.read_text("latin-1").count('"stsb_dev"') > 1 and not any(
-                (out / d / "state.pt").is_file() for d in ("last", ".last.old")) \
-                and checkpoint.finished(self) is None:
-            raise UserError(f"--resume: {out} wrote checkpoints (its log records evaluations), but "
-                            f"{out / 'last'} is gone and the run had not finished: there is nothing to "
-                            f"continue from. To train again, {elsewhere(out)}.")
 
     def write_record(self) -> None:
         """Rule 5: run.lock (the holder: a full disk is refused here, at the first write), then a new run's
@@ -401,7 +386,8 @@ def write_json(path: Path, obj: Any) -> None:
 class Stage(RunFolder):
     """A model a run trains before its own (rcl.py: one entropy model per phi), in a folder of the run's,
     held with it (one lock, one record); common.train writes its log and checkpoints as it does the run's.
-    Complete (end/, DONE.json), it is reused by --resume, held to its `settings`."""
+    Complete (end/, DONE.json, which keeps its `settings`), it is reused by --resume: the run's record
+    has held the --resume to the same flags, data and code already."""
 
     def __init__(self, run: RunFolder, name: str, settings: dict):
         super().__init__(dataclasses.replace(run.args, output_dir=str(run.out / name)), run.out / name, name,
@@ -410,16 +396,11 @@ class Stage(RunFolder):
         self.record = run.record        # recorded with the run: a stop inside it says --resume continues
 
     def finished(self) -> dict | None:
-        """Its summary if complete (DONE.json), or None; refused if trained with other settings."""
+        """Its summary if complete (DONE.json), or None."""
         if not (self.out / DONE).is_file():
             return None
-        again = f"Delete {self.out} to train this model again (the run's other parts are kept), or use " \
-                f"another --output_dir."
-        summary = read_record(self.out / DONE, again)
-        if diff := [k for k in self.settings if k != "seed" and summary.get(k) != self.settings[k]]:
-            raise UserError(f"--resume: {self.out} was trained with a different "
-                            f"{', '.join(f'--{k} ({summary.get(k)})' for k in diff)}. Use another "
-                            f"--output_dir, or delete {self.out} to train it again.")
+        summary = read_record(self.out / DONE, f"Delete {self.out} to train this model again (the run's "
+                                               f"other parts are kept), or use another --output_dir.")
         checkpoint.drop_last(self)      # if a kill came between DONE.json and last/'s drop
         return summary
 
