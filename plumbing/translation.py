@@ -4,8 +4,9 @@
     python tools/translate.py --data data/wiki1m_for_simcse.txt --mt_model Helsinki-NLP/opus-mt-en-de
 
 Without --out: <data>.de.<mt_model>.txt beside --data (or under --cache_dir), made by `python ifcl.py` too
-on its first run (rank 0 under torchrun). Batched by length, bf16 on CUDA, the batch halved when out of GPU
-memory; resumable (<out>.part, described by <out>.part.json); <out> appears only when every line is done.
+on its first run (under torchrun, this command makes it first). Batched by length, bf16 on CUDA, the batch
+halved when out of GPU memory; resumable (<out>.part, described by <out>.part.json); <out> appears only
+when every line is done.
 
 The rules, and the function that keeps each:
 1. A translation killed after hours goes on where it was (translate_file): the lines done are kept in
@@ -13,14 +14,14 @@ The rules, and the function that keeps each:
    batches, so the same lines); <out>.part.json holds the input and settings it may go on with.
 2. The German file is line for line the English one (translate_file): an empty translation keeps its
    English line, and a file of another length is refused, so that x and x^- stay pairs.
-3. Under torchrun rank 0 translates and the others wait for the file or its failure (make_fraternal_file,
-   wait_for_file): a barrier would time out over hours.
-4. Everything the file needs is checked before ifcl.py writes anything (fraternal_file).
+3. Everything the file needs is checked before ifcl.py writes anything (fraternal_file). Under torchrun
+   a file still to make is refused, with this command: every rank would translate at once, and a
+   barrier times out long before a million sentences are done. NOTE(ours): an earlier version had
+   rank 0 translate while the others polled for its file, machinery for one command typed once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -37,7 +38,6 @@ from plumbing.atomic_writes import write_text_atomic
 from plumbing.errors import UserError
 from plumbing.flags import arg, parse_args
 from plumbing.progress import progress
-from plumbing.ranks import world
 
 
 @dataclass
@@ -94,7 +94,7 @@ def load_mt_model(name: str, device: torch.device | None = None):
         tok = AutoTokenizer.from_pretrained(name)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         return tok, AutoModelForSeq2SeqLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
+    except (OSError, ValueError) as e:
         raise UserError(f"--mt_model {name}: could not load it as a seq2seq model "
                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). Give a hub name with "
                         f"the hub reachable, or a local folder.{ELSEWHERE}")
@@ -153,7 +153,7 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     if part.exists():
         try:
             old = inputs.read_json_object(meta)
-        except ValueError as e:                          # missing, damaged, nested too deeply
+        except ValueError as e:                          # missing or damaged
             old = f"nothing readable ({e})"
         if old != key:
             raise UserError(f"{part} is an unfinished translation of other input or settings "
@@ -212,35 +212,6 @@ def translate_file(args: TranslateArgs, device: torch.device | None = None) -> P
     return out
 
 
-def failure_marker(out: Path) -> Path:
-    """Rank 0 writes why it could not make `out` here, for the ranks waiting for it."""
-    return out.with_name(out.name + ".failed")
-
-
-def wait_for_file(out: Path, poll_s: float = 5.0) -> None:
-    """Rule 3: ranks other than 0 poll for rank 0's file or its failure."""
-    print(f"rank {world()[0]}: waiting for rank 0 to translate --data into {out}", file=sys.stderr)
-    while not out.exists():
-        if (failed := failure_marker(out)).exists():
-            raise UserError(f"rank 0 could not make {out}: {failed.read_text()}")
-        time.sleep(poll_s)
-
-
-def make_fraternal_file(data: str, out: Path, mt_model: str, device: torch.device) -> None:
-    """Rule 3: rank 0 translates --data into `out`; the other ranks wait for it."""
-    rank, world_size = world()
-    if rank > 0:
-        return wait_for_file(out)
-    try:
-        translate_file(TranslateArgs(data=data, out=str(out), mt_model=mt_model), device)
-    except BaseException as e:
-        if world_size > 1:
-            with contextlib.suppress(OSError):          # never hide e behind a failed note
-                out.parent.mkdir(parents=True, exist_ok=True)
-                write_text_atomic(failure_marker(out), str(e) or type(e).__name__)
-        raise
-
-
 # -------------------------------------------------------------------------------------
 # ifcl.py's German file: fraternal_file(args) before common.start, .sentences() after it
 # -------------------------------------------------------------------------------------
@@ -261,9 +232,9 @@ class FraternalFile:
     models: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sentences(self, n: int, device: torch.device) -> list[str]:
-        """After common.start: the German lines, made on the first run (make_fraternal_file), `n` of them."""
+        """After common.start: the German lines, made on the first run (translate_file), `n` of them."""
         if not self.path.is_file():
-            make_fraternal_file(self.data, self.path, self.mt_model, device)
+            translate_file(TranslateArgs(data=self.data, out=str(self.path), mt_model=self.mt_model), device)
         return self.read(n)
 
     def read(self, n: int) -> list[str]:
@@ -299,12 +270,14 @@ def fraternal_file(args: Any) -> FraternalFile:
         raise UserError(f"--fraternal_data {german.path}: no such file. Leave the flag out to translate "
                         f"--data with --mt_model {args.mt_model} on the first run, or make the file with "
                         f"`{translate_command(args.data, args.fraternal_data, args.mt_model)}`.")
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:     # rule 3: torchrun sets it before the ranks meet
+        raise UserError(f"--fraternal_data {german.path}: not made yet, and under torchrun every process "
+                        f"would translate --data at once. Make it first (one GPU does it): "
+                        f"`{translate_command(args.data, german.path, args.mt_model)}`, then launch again.")
     else:                                         # the first run: the file will be made
         german.models["--mt_model"] = (args.mt_model, ELSEWHERE)
         if inputs.model_missing(args.mt_model) is None:
             load_mt_model(args.mt_model)                            # its config only
-        if int(os.environ.get("RANK", "0")) == 0:                   # before the ranks meet
-            failure_marker(german.path).unlink(missing_ok=True)     # an earlier launch's failure
     inputs.check_model_folder(args.fraternal_model, "--fraternal_model")
     return german
 

@@ -687,51 +687,23 @@ def test_cached_german_file_of_another_length_is_refused(tmp_path, parallel, tin
     assert not (tmp_path / "run").exists()
 
 
-def test_torchrun_rank_0_failing_to_translate_stops_every_rank(tmp_path, parallel, tiny_mt, tiny_bert,
-                                                              small_sts, tiny_mbert):
-    """Its config loads (the check before start() passes) but its weights are gone: rank 0
-    fails while translating, and the launch ends (no rank left waiting) with its message."""
-    mt = tmp_path / "mt"
-    shutil.copytree(tiny_mt, mt)
-    (mt / "model.safetensors").unlink()
+def test_torchrun_with_the_german_file_still_to_make_is_refused_with_its_command(
+        tmp_path, parallel, tiny_mt, tiny_bert, small_sts, tiny_mbert):
+    """A real two-process launch with no German file yet: every rank would translate at once, so the
+    launch is refused before anything is written, with the command that makes the file first."""
     env = cpu_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")     # two ranks: gloo on the CPU
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node", "2", str(ROOT / "ifcl.py"),
-                        *run_base(tmp_path, parallel, "--mt_model", str(mt), "--model", str(tiny_bert),
+                        *run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--model", str(tiny_bert),
                                   "--sts_dir", str(small_sts), "--batch_size", "8",
                                   "--fraternal_model", str(tiny_mbert))],
                        capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode != 0
-    assert "error: --mt_model" in r.stderr and "could not load it" in r.stderr
-    assert "rank 1: waiting for rank 0" in r.stderr
-    german = translate.default_fraternal_path(str(parallel / "en.txt"), str(mt), str(tmp_path / "c"))
-    assert not german.exists()
-
-def test_rank_0_removes_an_earlier_launchs_failure_before_the_ranks_meet(tmp_path, parallel, tiny_mt,
-                                                                          tiny_mbert, monkeypatch):
     german = translate.default_fraternal_path(str(parallel / "en.txt"), str(tiny_mt), str(tmp_path / "c"))
-    german.parent.mkdir(parents=True)
-    stale = translate.failure_marker(german)
-    stale.write_text("an earlier launch failed")
-    seen = []
-
-    def start(args, models=None):                    # common.start() ends with the barrier
-        seen.append(stale.exists())
-        raise RuntimeError("stop here")
-    monkeypatch.setattr(common, "start", start)
-    argv = run_base(tmp_path, parallel, "--mt_model", str(tiny_mt), "--fraternal_model", str(tiny_mbert))
-    monkeypatch.setenv("RANK", "1")
-    with pytest.raises(RuntimeError, match="stop here"):
-        ifcl.main(argv)
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(RuntimeError, match="stop here"):
-        ifcl.main(argv)
-    assert seen == [True, False]
-
-
-# -------------------------------------------------------------------------------------
-# End to end on CPU: tiny English encoder + tiny 'multilingual' embedding layer
-# -------------------------------------------------------------------------------------
+    assert r.returncode != 0
+    assert f"error: --fraternal_data {german}: not made yet, and under torchrun" in r.stderr, r.stderr[-3000:]
+    assert f"`python tools/translate.py --data {parallel / 'en.txt'} --out {german} --mt_model {tiny_mt}`" \
+        in r.stderr
+    assert not german.exists() and not (tmp_path / "run").exists()
 
 def test_end_to_end_full_ifcl(tmp_path, tiny_bert, tiny_mbert, parallel, small_sts, monkeypatch):
     from sentence_transformers import SentenceTransformer

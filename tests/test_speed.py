@@ -275,10 +275,6 @@ TORCHRUN_CASES = {   # script, then flags beyond the shared ones; {x} are fixtur
                         "--no_fraternal", "--no_queue"],
     "ifcl_train_embeddings": ["ifcl.py", "--data", "{parallel}/en.txt", "--fraternal_data",
                               "{parallel}/de.txt", "--fraternal_model", "{tiny_mbert}", "--train_embeddings"],
-    # no German file yet: rank 0 translates --data first while rank 1 waits (the same model
-    # as "ifcl" then, so it is not compiled again below)
-    "ifcl_translate": ["ifcl.py", "--data", "{parallel}/en.txt", "--mt_model", "{tiny_mt}",
-                       "--fraternal_model", "{tiny_mbert}", "--queue_len", "20"],
 }
 
 
@@ -293,7 +289,7 @@ def _case_argv(case: str, request) -> list[str]:
 
 
 @pytest.mark.compiled
-@pytest.mark.parametrize("case", [c for c in TORCHRUN_CASES if c != "ifcl_translate"])
+@pytest.mark.parametrize("case", list(TORCHRUN_CASES))
 def test_every_scripts_step_compiles_to_one_graph(case, request, tmp_path, tiny_bert, small_sts,
                                                   monkeypatch, capsys, on_cpu):
     """What torch.compile sees of each script's model on a statically padded batch: one graph
@@ -354,11 +350,6 @@ def test_torchrun_two_processes_trains_end_to_end(case, request, tmp_path, tiny_
     assert (out / "best" / "config.json").exists() and (out / "best" / "test_metrics.json").exists()
     if case == "rcl":
         assert all((out / f"entropy_phi{phi}" / "DONE.json").exists() for phi in ("0.01", "0.02"))
-    if case == "ifcl_translate":     # made once, by rank 0, while rank 1 waited for it
-        assert "rank 1: waiting for rank 0 to translate" in r.stderr
-        assert r.stderr.count("translated 48 sentences") == 1
-        assert [p.name for p in (tmp_path / "cache").glob("en.de.*")] == \
-            [json.loads((out / "args.json").read_text())["fraternal_data"].split("/")[-1]]
 
 
 # ------------------------------------------------------------------ length-sorted sub-batches (CPU)

@@ -1,5 +1,5 @@
-"""tools/translate.py: IFCL's German file, batched by length, resumable after any kill, with the
-ranks of a torchrun launch waiting for rank 0's file (a tiny seq2seq model stands in for t5-base)."""
+"""tools/translate.py: IFCL's German file, batched by length, resumable after any kill (a tiny seq2seq
+model stands in for t5-base)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -232,21 +231,3 @@ def test_training_run_killed_from_outside_while_translating_resumes(tmp_path, pa
     translate.main(["--data", str(parallel / "en.txt"), "--mt_model", str(tiny_mt),
                     "--cache_dir", str(cache)])
     assert inputs.count_lines(final) == 48 and not part.exists()
-
-
-def test_waiting_ranks_see_the_file_or_rank_0s_failure(tmp_path, monkeypatch):
-    out = tmp_path / "x.de.txt"
-    threading.Timer(0.3, lambda: out.write_text("a\n")).start()
-    translate.wait_for_file(out, poll_s=0.02)                        # returns once it appears
-    # rank 0 fails: it leaves its message for the others
-    data, german = str(tmp_path / "en.txt"), tmp_path / "y.de.txt"
-    monkeypatch.setattr(translate, "world", lambda: (0, 2))
-    with pytest.raises(common.UserError, match="no such file"):
-        translate.make_fraternal_file(data, german, "no-such-mt", torch.device("cpu"))
-    marker = translate.failure_marker(german)
-    assert "no such file" in marker.read_text()
-    monkeypatch.setattr(translate, "world", lambda: (1, 2))
-    with pytest.raises(common.UserError, match=r"rank 0 could not make .*y\.de\.txt: --data .*no such file"):
-        translate.wait_for_file(german, poll_s=0.02)
-
-
