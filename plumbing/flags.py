@@ -3,8 +3,9 @@ flag; the flags a run changed, its default folder and its paper rows.
 
 The rules, and the function that keeps each:
 1. A flag is refused before anything loads, in one line that names it and what to pass (check_ranges,
-   Parser.error): a range a paper's formula allows; a mistyped flag gets the closest name, and the
-   official SimCSE code's flags get ours (Parser.unknown, OFFICIAL).
+   Parser.error): a range a paper's formula allows; a mistyped flag gets the closest name
+   (Parser.unknown). NOTE(ours): the official SimCSE code's flag names are mapped to ours in
+   docs/simcse.md, not here.
 2. A run's default folder names the flags that differ (default_output_dir): the rows of a paper's
    table, run one after the other, overwrite nothing.
 3. A paper's row is printed beside a run only when the run's flags reproduce it (select_rows).
@@ -113,25 +114,6 @@ def did_you_mean(word: str, among: list[str], before: str = "") -> str:
 
 
 NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?", re.I)     # -5 and -1e-3 are values, not flags
-# The official SimCSE code's flags: ours, said where a command has it ("": where it trains), what differs
-OFFICIAL = {
-    "--temp": ("--tau", ""), "--model_name_or_path": ("--model", ""), "--num_train_epochs": ("--epochs", ""),
-    "--learning_rate": ("--lr", ""), "--max_seq_length": ("--max_len", ""), "--train_file": ("--data", ""),
-    "--eval_steps": ("--eval_every", ""), "--logging_steps": ("--log_every", ""),
-    "--per_device_train_batch_size": ("--batch_size", ", global over all GPUs here, per GPU there"),
-    "--hard_negative_weight": ("--alpha", ", a weight on e^{sim/tau}: that code adds its w to the hard "
-                               "negative's logit sim/tau, so --alpha = e^w (w = ln alpha)"),
-    "--pooler_type": ("--pooler", "; its cls with --mlp_only_train is --pooler cls_before_pooler here, "
-                      "its cls_before_pooler trains no MLP either"),
-    "--mlp_only_train": ("--pooler cls_before_pooler", ": raw [CLS] at evaluation, an MLP in training only"),
-    "--do_mlm": ("", "no MLM objective here (the official code's auxiliary loss): drop it"),
-    "--fp16": ("", "mixed precision is automatic here (bf16 autocast on CUDA): drop it"),
-    "--overwrite_output_dir": ("", "a run folder is never written over: pass a new "
-                               "--output_dir, or --resume to continue the run there"),
-    **dict.fromkeys(["--do_train", "--do_eval", "--evaluation_strategy", "--metric_for_best_model",
-                     "--load_best_model_at_end"], ("", "not needed: every run trains, evaluates STS-B dev "
-                                                   "every --eval_every steps, keeps the best in best/")),
-}
 
 
 class Parser(argparse.ArgumentParser):
@@ -158,24 +140,11 @@ class Parser(argparse.ArgumentParser):
                         f"each flag takes.")
 
     def unknown(self, words: list[str], flags: dict[str, argparse.Action]) -> str:
-        """Unknown flags, each with the closest or, the official code's, with ours; else a stray value."""
-        said: dict[str, list[str]] = {}              # what is said: the flags it is said of
-        for word, after in zip(words, [*words[1:], "-"]):
-            if not word.startswith("-") or NUMBER.fullmatch(word):
-                continue
-            flag, _, value = word.partition("=")
-            value = value or (after if after[:1] != "-" or NUMBER.fullmatch(after) else "")
-            ours, what = OFFICIAL.get(flag, ("", ""))
-            if flag in OFFICIAL and (ours or "--max_steps").split()[0] in flags:
-                if ours == "--alpha" and NUMBER.fullmatch(value) and abs(float(value)) < 700:
-                    what += f": pass --alpha {math.exp(float(value)):g}"
-                what = f"this project's {ours} (the official code's {flag}){what}." if ours else f"{what}."
-                flag = f"{flag} {value}".strip()
-            else:
-                what = f"no such flag{did_you_mean(flag, list(flags))}"
-            said.setdefault(what, []).append(flag)
-        lines = [f"{', '.join(given)}: {what}" for what, given in said.items()] or [
-            f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes none)."]
+        """Unknown flags, each with the closest; else a stray value."""
+        said = [f"{word.split('=')[0]}: no such flag{did_you_mean(word.split('=')[0], list(flags))}"
+                for word in words if word.startswith("-") and not NUMBER.fullmatch(word)]
+        lines = said or [f"{' '.join(words)}: a value that no flag takes (a switch such as --resume takes "
+                         f"none)."]
         return f"{' '.join(lines)} `{self.command} --help` lists every flag."
 
 

@@ -1,8 +1,7 @@
 """A mistyped flag as a newcomer types one, on every command: a prefix is refused, not taken for
 the flag it begins; an unknown flag, a value that is no choice or no number, a value no flag
 takes, each answered in one line (exit status 2) with the closest flag or value, not argparse's
-usage; the official SimCSE code's flag names answered with this project's; a non-finite number
-refused up front; a CSV's own defaults said in one line when they
+usage; a non-finite number refused up front; a CSV's own defaults said in one line when they
 apply. --help is argparse's own, and shows each docstring's commands as written."""
 
 from __future__ import annotations
@@ -81,83 +80,6 @@ def test_a_mistyped_flag_is_answered_in_one_line_with_the_closest(command, argv,
     monkeypatch.chdir(tmp_path)              # a command that ran anyway would write here, not in the checkout
     main = {**SCRIPTS, **TOOLS}[command].main
     assert one_line(main, argv, capsys) == line
-
-
-# (command, flags, what is said of them): the official SimCSE code's names (run_unsup_example.sh,
-# HF Trainer's), each said as this project's flag and what differs
-OFFICIAL = [
-    ("simcse", ["--temp", "0.05"],
-     "--temp 0.05: this project's --tau (the official code's --temp)."),
-    ("rcl", ["--temp", "0.05"],
-     "--temp 0.05: this project's --tau (the official code's --temp)."),
-    ("simcse", ["--learning_rate", "3e-5"],
-     "--learning_rate 3e-5: this project's --lr (the official code's --learning_rate)."),
-    ("simcse", ["--per_device_train_batch_size", "64"],
-     "--per_device_train_batch_size 64: this project's --batch_size (the official code's "
-     "--per_device_train_batch_size), global over all GPUs here, per GPU there."),
-    ("simcse", ["--num_train_epochs", "1"],
-     "--num_train_epochs 1: this project's --epochs (the official code's --num_train_epochs)."),
-    ("simcse", ["--max_seq_length", "32"],
-     "--max_seq_length 32: this project's --max_len (the official code's --max_seq_length)."),
-    # w is added to the hard negative's logit: e^{s/tau + w} = e^w e^{s/tau}, so alpha = e^w
-    ("simcse", ["--hard_negative_weight", "0"],
-     "--hard_negative_weight 0: this project's --alpha (the official code's --hard_negative_weight), a"
-     " weight on e^{sim/tau}: that code adds its w to the hard negative's logit sim/tau, so --alpha = "
-     "e^w (w = ln alpha): pass --alpha 1."),
-    ("simcse", ["--hard_negative_weight=0.6931471805599453"],
-     "--hard_negative_weight 0.6931471805599453: this project's --alpha (the official code's "
-     "--hard_negative_weight), a weight on e^{sim/tau}: that code adds its w to the hard negative's "
-     "logit sim/tau, so --alpha = e^w (w = ln alpha): pass --alpha 2."),
-    # where the command has no such flag: no --alpha, no --pooler, not a training command
-    ("focal_infonce", ["--hard_negative_weight", "1"],
-     "--hard_negative_weight: no such flag."),
-    ("conisi", ["--pooler_type", "cls"],
-     "--pooler_type: no such flag."),
-    ("eval", ["--do_train"],
-     "--do_train: no such flag."),
-    ("simcse", ["--pooler_type", "cls"],
-     "--pooler_type cls: this project's --pooler (the official code's --pooler_type); its cls with "
-     "--mlp_only_train is --pooler cls_before_pooler here, its cls_before_pooler trains no MLP either."),
-    ("simcse", ["--mlp_only_train"],
-     "--mlp_only_train: this project's --pooler cls_before_pooler (the official code's "
-     "--mlp_only_train): raw [CLS] at evaluation, an MLP in training only."),
-    ("simcse", ["--model_name_or_path", "bert-base-uncased"],
-     "--model_name_or_path bert-base-uncased: this project's --model (the official code's "
-     "--model_name_or_path)."),
-    ("eval", ["--model_name_or_path", "x"],
-     "--model_name_or_path x: this project's --model (the official code's --model_name_or_path)."),
-    ("simcse", ["--train_file", "data/wiki1m_for_simcse.txt"],
-     "--train_file data/wiki1m_for_simcse.txt: this project's --data (the official code's "
-     "--train_file)."),
-    ("simcse", ["--eval_steps", "125"],
-     "--eval_steps 125: this project's --eval_every (the official code's --eval_steps)."),
-    ("simcse", ["--logging_steps", "10"],
-     "--logging_steps 10: this project's --log_every (the official code's --logging_steps)."),
-    ("simcse", ["--do_mlm"],
-     "--do_mlm: no MLM objective here (the official code's auxiliary loss): drop it."),
-    ("simcse", ["--fp16"],
-     "--fp16: mixed precision is automatic here (bf16 autocast on CUDA): drop it."),
-    ("simcse", ["--overwrite_output_dir"],
-     "--overwrite_output_dir: a run folder is never written over: pass a new --output_dir, or --resume"
-     " to continue the run there."),
-    ("simcse", ["--do_train", "--do_eval", "--evaluation_strategy", "steps", "--metric_for_best_model",
-     "stsb_spearman", "--load_best_model_at_end"],
-     "--do_train, --do_eval, --evaluation_strategy steps, --metric_for_best_model stsb_spearman, "
-     "--load_best_model_at_end: not needed: every run trains, evaluates STS-B dev every --eval_every "
-     "steps, keeps the best in best/."),
-    ("simcse", ["--temp", "0.05", "--lrr", "1e-5"],
-     "--temp 0.05: this project's --tau (the official code's --temp). --lrr: no such flag; did you "
-     "mean --lr?"),
-]
-
-
-@pytest.mark.parametrize("command,argv,said", OFFICIAL, ids=[f"{c}:{' '.join(a)}" for c, a, _ in OFFICIAL])
-def test_the_official_codes_flag_names_are_answered_with_this_projects(command, argv, said, tmp_path,
-                                                                       monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    main = {**SCRIPTS, **TOOLS}[command].main
-    shown = f"tools/{command}" if command in TOOLS else command
-    assert one_line(main, argv, capsys) == f"error: {said} `python {shown}.py --help` lists every flag."
 
 
 def test_max_steps_is_the_official_codes_name_too():
