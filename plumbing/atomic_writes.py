@@ -2,11 +2,13 @@
 instant (Ctrl-C, a scheduler's SIGTERM, a laptop's battery), and what it wrote before must stay usable.
 
 The rules, and the function that keeps each:
-1. A folder (last/, best/) is swapped in whole (atomic_dir): written beside it, synced, then two renames
-   with no signal between them (interrupts.deferred); a kill leaves the old or the new, and what it
-   left beside them is put back or removed at the next start (recover_dir).
+1. A folder (last/, best/) is swapped in whole (atomic_dir): written beside it, synced, then two renames;
+   a kill or a signal leaves the old or the new, and what it left beside them is put back or removed at
+   the next start (recover_dir).
 2. A file is written under a temporary name of this process's, synced, then renamed over (write_atomic):
-   torchrun's ranks may write one file at once; a dead writer's leftover is removed (alive).
+   torchrun's ranks may write one file at once. NOTE(ours): a kill -9 inside the write leaves its
+   temporary file (.NAME.PID.tmp), hidden and never read; an earlier version swept such files of dead
+   processes, for a kill that lands in a write's fraction of a second.
 3. What is on the disk is on the disk (sync_to_disk): a full disk is told at the write, not later, and
    a crash cannot leave a checkpoint empty.
 """
@@ -14,7 +16,6 @@ The rules, and the function that keeps each:
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import os
 import shutil
@@ -47,19 +48,19 @@ def atomic_dir(final: Path):
         old = final.with_name(f".{final.name}.old")
         if old.exists():
             shutil.rmtree(old)
-        # no `final` between the renames: a signal waits until all is done; a failed rename puts the old back
-        with interrupts.deferred():
-            if final.exists():
-                os.replace(final, old)
-            try:
-                os.replace(tmp, final)
-            except BaseException:
-                if old.exists() and not final.exists():
-                    os.replace(old, final)
-                raise
-            sync_to_disk(final.parent)
-            if old.exists():
-                shutil.rmtree(old)
+        # between the renames there is no `final`: a failed rename puts the old back, a kill leaves it
+        # as .old, which recover_dir puts back at the next start
+        if final.exists():
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            if old.exists() and not final.exists():
+                os.replace(old, final)
+            raise
+        sync_to_disk(final.parent)
+        if old.exists():
+            shutil.rmtree(old)
     finally:                    # swapped in, or a partial copy holding the space a full disk needs back
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -67,9 +68,6 @@ def atomic_dir(final: Path):
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     """Rule 2: `write(f)` fills this process's temporary name beside `path`, synced, renamed into place."""
     path = Path(path)
-    for left in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):    # a killed writer's leftover
-        if not alive(left.name.split(".")[-2]):
-            left.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)                  # an earlier process's of the same pid
     try:
@@ -81,18 +79,6 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def alive(pid: str) -> bool:
-    """Whether process `pid` (a temporary file's writer) still runs; unknown (not POSIX): yes."""
-    if os.name == "posix" and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except OSError:                 # EPERM: another user's process, which runs
-            pass
-    return True
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

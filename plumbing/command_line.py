@@ -17,7 +17,6 @@ those two paths.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shlex
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from plumbing import interrupts
-from plumbing.errors import REMEDY, NothingToDo, UserError, WriteFailed
+from plumbing.errors import NothingToDo, UserError, WriteFailed
 from plumbing.progress import Screen
 from plumbing.ranks import world
 
@@ -79,9 +78,7 @@ def run_main(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
             "more GPUs with `torchrun --nproc_per_node K ...` (the contrastive loss still sees the whole "
             "batch).", 3)
     except OSError as e:            # what could not be read or opened, whatever the reason
-        where = f"{e.filename}: " if e.filename else ""
-        limit = f"; it needs {REMEDY[e.errno]}" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
-        say(f"error: {where}{e.strerror or e}{limit}.", 2)
+        say(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}.", 2)
     except RuntimeError as e:       # under torchrun: a collective that lost the process at its other end
         if world()[1] == 1 or not re.search(r"gloo|NCCL|Connection (reset|closed) by peer", str(e)):
             raise

@@ -99,18 +99,11 @@ def check_download(path: Path, check_sts: Callable[[Path], None], wiki1m_lines: 
 
 @contextlib.contextmanager
 def staging(dest: Path, name: str):
-    """A temporary folder in `dest` where `name` is fetched and checked, gone whatever happens; a
-    failed download also removes the folders made for it, while empty (no empty data/ is left)."""
-    made = [p for p in [dest, *dest.parents] if not p.exists()]
+    """A temporary folder in `dest` where `name` is fetched and checked, gone whatever happens (a cut
+    connection, a full disk, a bad file, Ctrl-C); `dest` itself stays, empty or not."""
     dest.mkdir(parents=True, exist_ok=True)
-    try:
-        with tempfile.TemporaryDirectory(dir=dest, prefix=f".{name}-") as tmp:
-            yield Path(tmp)
-    except BaseException:               # a cut connection, a full disk, a bad file, Ctrl-C
-        for p in made:                  # the deepest first; one that holds anything stays
-            with contextlib.suppress(OSError):
-                p.rmdir()
-        raise
+    with tempfile.TemporaryDirectory(dir=dest, prefix=f".{name}-") as tmp:
+        yield Path(tmp)
 
 
 def download(dest: str | Path, check_sts: Callable[[Path], None], base_url: str = UPSTREAM,

@@ -50,8 +50,7 @@ TORCH_IO = ("inline_container.cc", "iostream error")
 OS_ERROR = re.compile(r"\(os error (\d+)\)")
 REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",  # to make possible again
           errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
-          errno.EIO: "a disk that works again: the system's log says what failed",
-          **dict.fromkeys([errno.EMFILE, errno.ENFILE], "a higher limit of open files: ulimit -n 4096")}
+          errno.EIO: "a disk that works again: the system's log says what failed"}
 
 
 def refused_write(e: BaseException) -> tuple[int | None, str] | None:

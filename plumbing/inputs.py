@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from plumbing.atomic_writes import alive, write_atomic
+from plumbing.atomic_writes import write_atomic
 from plumbing.errors import UserError, writing
 
 
@@ -109,8 +109,6 @@ def read_json_object(path: str | Path, any_json: bool = False):
         obj = json.loads(Path(path).read_bytes())
     except OSError as e:
         raise ValueError(e.strerror or str(e)) from None
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
     except ValueError as e:             # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(str(e).splitlines()[0][:100] if str(e) else type(e).__name__) from None
     if not any_json and not isinstance(obj, dict):      # a run's record, a model's config
@@ -157,14 +155,11 @@ def load_tokens(cache: Path | None) -> tuple[np.ndarray, np.ndarray, int] | None
 
 
 def save_tokens(cache: Path | None, ids: np.ndarray, lengths: np.ndarray, pad_id: int) -> None:
-    """Keep a tokenisation in `cache` with its key (write_atomic: all ranks write); dead writers' files go."""
+    """Keep a tokenisation in `cache` with its key (write_atomic: all ranks write)."""
     if cache is None:
         return
     with writing(f"the token cache {cache} (or choose another place: --cache_dir)"):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        for left in cache.parent.glob(".tok-*.npz.*.tmp"):
-            if not alive(left.name.split(".")[-2]):      # .tok-KEY.npz.PID.tmp, as large as a cache
-                left.unlink(missing_ok=True)
         write_atomic(cache, lambda f: np.savez(f, ids=ids, lengths=lengths, pad_id=pad_id))
 
 
@@ -257,7 +252,7 @@ def encoder_config(name: str, flag: str = "--model"):
     where_from(name, flag)
     try:
         return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError, RecursionError) as e:     # RecursionError: JSON nested too deeply
+    except (OSError, ValueError) as e:
         raise not_loaded(flag, name, e)
 
 

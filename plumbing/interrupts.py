@@ -4,8 +4,10 @@ Each script imports this module first, before the seconds that torch's import ta
 (plumbing/command_line.py) takes the signals over, a signal ends the process at once with one line and
 exit status 128 + its number (130, 143, 129), not a library's traceback (Ctrl-C) or no word at all
 (SIGTERM); nothing is written yet, so the same command is what to run again. Under run_main a signal
-raises KeyboardInterrupt where the program is (Stopped for SIGTERM and SIGHUP), after the two renames
-of a checkpoint's swap if it comes between them (deferred). Standard library only.
+raises KeyboardInterrupt where the program is (Stopped for SIGTERM and SIGHUP). One that lands between
+the two renames of a checkpoint's swap leaves the old folder beside it, put back at the next start
+(atomic_writes.recover_dir). NOTE(ours): an earlier version held such a signal until both renames were
+done, machinery for a window of microseconds that recover_dir covers anyway. Standard library only.
 """
 
 import contextlib
@@ -47,15 +49,7 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-received: int | None = None     # a signal that came inside deferred(): raised right after it
-_deferring = False
-
-
 def on_signal(signum: int, frame) -> None:
-    global received
-    if _deferring:
-        received = signum
-        return
     raise KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 
@@ -74,19 +68,3 @@ def give_back(before: dict) -> None:
     gets back its default action: to end the process without a word); a caller gets its handlers back."""
     for signum, handler in before.items():
         signal.signal(signum, signal.SIG_IGN if SCRIPT else handler)
-
-
-@contextlib.contextmanager
-def deferred():
-    """A signal that comes inside the block (the two renames that swap a checkpoint in) raises right after
-    it. Python-level, not a signal mask: the system may hand a signal to any thread (torch's), and Python
-    runs the handler in the main thread whatever mask that thread holds."""
-    global _deferring, received
-    outer, _deferring = _deferring, True
-    try:
-        yield
-    finally:
-        _deferring = outer
-    if not outer and received is not None:
-        signum, received = received, None
-        on_signal(signum, None)

@@ -19,7 +19,6 @@ import numpy as np
 
 from plumbing.downloads import NOT_KEPT
 from plumbing.errors import UserError
-from plumbing.tokens import CHARS_PER_TOKEN
 
 STS_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
 STS_SUBSETS = {
@@ -31,9 +30,6 @@ STS_SUBSETS = {
 }
 TASK_SHORT = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15",
               "STS16": "STS16", "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-# a sentence is cut only where no encoder's positions reach (as a training line is cut: plumbing/tokens.py's
-# clip), here at 4,096 positions: one huge line costs no more memory than a long one
-MAX_CHARS = CHARS_PER_TOKEN * 4096
 STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, test), asserted by check_sts
     "STS12": [750, 750, 459, 750, 399], "STS13": [189, 750, 561], "STS14": [450, 300, 750, 750, 750, 750],
     "STS15": [375, 750, 375, 750, 750], "STS16": [254, 249, 230, 244, 209],
@@ -43,7 +39,7 @@ STS_PAIR_COUNTS = {  # kept pairs a subset (STS12-16) or a split (train, dev, te
 def _norm(s: str) -> str:
     # SentEval splits on whitespace and joins again: the files are already tokenised, and a sentence is
     # neither lowercased nor cut to the training max_len
-    return " ".join(s[:MAX_CHARS].split())
+    return " ".join(s.split())
 
 
 def load_sts_pairs(data_dir: str | Path, task: str, split: str = "test") -> dict[str, tuple]:

@@ -102,11 +102,11 @@ def closed_address() -> str:
 
 
 @pytest.mark.parametrize("what", ["wiki1m", "nli", "sts"])
-def test_a_failed_download_leaves_no_folder_it_made(what, tmp_path, monkeypatch):
+def test_a_failed_download_leaves_nothing_of_it(what, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(common.UserError, match="could not download"):
         downloads.download("fresh/data", check_sts, closed_address(), what=[what])
-    assert not (tmp_path / "fresh").exists()
+    assert not list((tmp_path / "fresh" / "data").iterdir())      # the folder it goes to, empty
     (tmp_path / "data").mkdir()                      # a folder that was there stays, and what it holds
     (tmp_path / "data" / "mine.txt").write_text("kept\n")
     with pytest.raises(common.UserError, match="could not download"):

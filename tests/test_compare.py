@@ -682,9 +682,6 @@ def test_bad_inputs_name_the_folder_and_what_to_do(runs, tmp_path, capsys):
     (runs["s2"] / "args.json").write_text('{"seed": 2, "ta')
     err = error_of([runs["s2"]], capsys)
     assert f"{runs['s2'] / 'args.json'}: not a readable JSON object (Unterminated string" in err
-    (runs["s2"] / "args.json").write_text("[" * 100_000 + "]" * 100_000)     # plumbing's one reader says why
-    err = error_of([runs["s2"]], capsys)
-    assert f"{runs['s2'] / 'args.json'}: not a readable JSON object (nested too deeply to read)" in err
     (runs["s2"] / "args.json").write_text("[2]")
     assert "(not a JSON object)" in error_of([runs["s2"]], capsys)
     err = error_of([runs["s1"], runs["s2"], runs["s1"]], capsys)

@@ -23,10 +23,6 @@ EXPERIMENTS = ex.load_experiments()
 PATCHES = sorted((ROOT / ex.HERE).glob("*.patch"))
 
 
-def changed_lines(patch: str) -> int:
-    return sum(1 for line in patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
-
-
 # ------------------------------------------------------------------------------------
 # The patches and the manifest
 # ------------------------------------------------------------------------------------
@@ -36,7 +32,7 @@ def test_every_patch_applies_to_its_script_and_is_small(patch):
     done = subprocess.run(["git", "apply", "--check", str(patch.relative_to(ROOT))], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, f"{patch.name} no longer applies: {done.stderr}"
-    n = changed_lines(patch.read_text(encoding="utf-8"))
+    n = ex.patch_size(patch.read_text(encoding="utf-8"))
     assert 0 < n <= 15, f"{patch.name} changes {n} lines: an experiment is one small change (at most 15)"
     exp = next((e for e in EXPERIMENTS if e.name == patch.stem), None)
     assert exp is not None, f"{patch.name} belongs to no experiment of experiments.toml"
@@ -262,6 +258,17 @@ def test_the_spread_line_says_within_or_outside():
         "(control 75.00 to 75.20, changed 74.00 to 74.40).")
     assert "one seed an arm" in ex.spread_line([75.0], [74.0])
     assert ex.mean_std([1.0, 2.0, 3.0]) == "2.00 ± 1.00" and ex.mean_std([]) == "-"
+
+
+def test_what_the_pages_read_of_an_experiment_comes_from_the_tool():
+    """The folded block's means, a patch's size and a time are the tool's, as the docs sections' are."""
+    entry = {"arms": {"control": {"seeds": {"1": {"avg": 75.0}, "2": {"avg": 76.0}}},
+                      "changed": {"seeds": {"1": {"avg": 74.0}, "2": {"avg": None}}}}}
+    assert ex.arm_means(entry) == {"control": 75.5, "changed": 74.0} and ex.arm_means({}) == {}
+    patch = ("--- a/simcse.py\n+++ b/simcse.py\n@@ -1,3 +1,3 @@\n x = 1\n-y = 2\n+y = 3\n+z = 4\n")
+    assert ex.patch_size(patch) == 3
+    assert (ex.minutes(75), ex.minutes(204), ex.minutes(None)) == ("75 s", "3.4 min", "-")
+    assert ex.mean_minutes([200.0, None, 208.0]) == "3.4 min" and ex.mean_minutes([None]) == "-"
 
 
 def test_the_plot_draws_a_panel_per_figure(tmp_path):

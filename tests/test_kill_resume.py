@@ -311,7 +311,9 @@ def test_a_second_process_on_a_live_run_stops_and_a_killed_one_does_not_block(
         assert second.returncode == 2, second.stderr[-3000:]
         err = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
         assert len(err) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
-        assert f"--output_dir {out} is in use by process {first.proc.pid} " in err[0], err[0]
+        assert f"--output_dir {out} is in use by another process ({out / 'run.lock'} says which)" in err[0], \
+            err[0]
+        assert f"process {first.proc.pid} " in (out / "run.lock").read_text()
         assert "--resume" in err[0]
         assert (out / "args.json").read_text() == args_before      # still the first run's
         first.proc.kill()                                          # SIGKILL

@@ -294,40 +294,6 @@ def test_ifcl_offline_names_its_three_models_at_once(tmp_path, small_sts, parall
 
 
 # -------------------------------------------------------------------------------------
-# A model folder whose JSON nests too deeply to read (Python's parser: RecursionError)
-# -------------------------------------------------------------------------------------
-
-def too_deep(folder: Path, name: str, dest: Path) -> Path:
-    """A copy of model `folder` whose file `name` is 100,000 nested lists: valid JSON no parser
-    of Python reads."""
-    shutil.copytree(folder, dest)
-    (dest / name).write_text("[" * 100_000 + "]" * 100_000)
-    return dest
-
-
-@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
-def test_a_model_whose_json_nests_too_deeply_is_named_in_one_line(name, tmp_path, tiny_bert, tiny_mt,
-                                                                  small_sts, corpus, parallel, tiny_mbert,
-                                                                  capsys):
-    deep = too_deep(tiny_bert, name, tmp_path / "deep")
-    # a script checks a local folder's files before anything is written
-    argv = base_flags("simcse", tmp_path, tiny_bert, small_sts, corpus, parallel, tiny_mbert)
-    line = one_error_line(simcse.main, argv + ["--model", deep], capsys)
-    assert line == f"error: --model {deep}: {deep / name} is cut short or damaged (not JSON: nested too " \
-        f"deeply to read). Save or download the model again, or give another folder.", line
-    assert not (tmp_path / "run").exists()
-    # where transformers reads it: the encoder of tools/eval.py, the MT model of a translation
-    line = one_error_line(eval_tool.main, ["--model", deep, "--sts_dir", small_sts], capsys)
-    assert line.startswith(f"error: --model {deep}: could not load it (maximum recursion depth "), line
-    mt = too_deep(tiny_mt, name, tmp_path / "deep_mt")
-    line = one_error_line(translate.main, ["--data", parallel / "en.txt", "--mt_model", mt,
-                                           "--out", tmp_path / "de.txt"], capsys)
-    assert line.startswith(f"error: --mt_model {mt}: could not load it as a seq2seq model (maximum "
-                           f"recursion depth exceeded"), line
-    assert not list(tmp_path.glob("de.txt*"))
-
-
-# -------------------------------------------------------------------------------------
 # As a user meets it: a command of its own, the hub unreachable, no offline mode
 # -------------------------------------------------------------------------------------
 

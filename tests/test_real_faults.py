@@ -378,7 +378,8 @@ def test_rcl_a_second_start_while_the_first_runs_names_the_process(tmp_path, arg
         assert (out / "entropy_phi0.01" / "last" / "state.pt").is_file()
         line = _line(_script("rcl.py", argv(out, flags=flags)), 2)
         assert first.proc.poll() is None, "the first run ended before the second one tried its folder"
-        assert f"is in use by process {first.proc.pid} " in line, line
+        assert f"is in use by another process ({out / 'run.lock'} says which)" in line, line
+        assert f"process {first.proc.pid} " in (out / "run.lock").read_text()
 
 
 # ------------------------------------------------------------------------------------
@@ -441,7 +442,7 @@ def test_a_deleted_run_lock_lets_no_second_process_in(tmp_path, argv):
         first.wait()
         (out / run_folder.LOCK).unlink()
         line = _line(_script("simcse.py", argv(out, "--resume")), 2)
-        assert line.startswith(f"error: --output_dir {out} is in use by another process."), line
+        assert line.startswith(f"error: --output_dir {out} is in use by another process ("), line
         assert first.proc.poll() is None
         first.go()
         _finished(first.end(), out, 4)
