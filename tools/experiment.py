@@ -286,6 +286,22 @@ def laptop_seconds(entry: dict) -> float | None:
     return sum(times) if times and None not in times else None
 
 
+def arm_means(entry: dict) -> dict[str, float]:
+    """Each recorded arm's 7-task average, the mean over its seeds ({} before it is measured): what the
+    pages fold a "Try it" block to."""
+    means = {}
+    for role, arm in entry.get("arms", {}).items():
+        avgs = [run["avg"] for run in arm["seeds"].values() if run.get("avg") is not None]
+        if avgs:
+            means[role] = statistics.fmean(avgs)
+    return means
+
+
+def patch_size(patch: str) -> int:
+    """The lines a unified diff changes (added and removed), its headers left out."""
+    return sum(1 for line in patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+
+
 # ------------------------------------------------------------------------------------------------
 # Flags: a command line as groups (a flag and its values), so that the changed arm's flags replace
 # the same flags of the settings (rcl-phi-negative: --phi 0.01 becomes --phi -0.01)
@@ -653,12 +669,17 @@ def figure_cell(seeds: builtins.list[dict], key: str) -> str:
     return f"{first:.3g} → {last:.3g}"
 
 
-def minutes(seconds: builtins.list[float | None]) -> str:
-    known = [s for s in seconds if s is not None]
-    if not known:
+def minutes(seconds: float | None) -> str:
+    """A wall time as the docs and the pages show it: 3.4 min, 75 s; "-" where it is unknown."""
+    if seconds is None:
         return "-"
-    mean = statistics.fmean(known)
-    return f"{mean / 60:.1f} min" if mean >= 90 else f"{mean:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def mean_minutes(seconds: builtins.list[float | None]) -> str:
+    """minutes() of the mean of the runs' times that are known."""
+    known = [s for s in seconds if s is not None]
+    return minutes(statistics.fmean(known)) if known else "-"
 
 
 def spread_line(control: builtins.list[float], changed: builtins.list[float]) -> str:
@@ -691,7 +712,7 @@ def table(exp: Experiment, measured: dict[str, dict[int, dict]], root: Path = RO
         seeds = list(measured[role].values())
         rows.append([arm_label(exp, role, root), mean_std([s["avg"] for s in seeds]),
                      mean_std([s["stsb_dev"] for s in seeds]), *(figure_cell(seeds, k) for k in exp.figures),
-                     minutes([s.get("wall_s") for s in seeds])])
+                     mean_minutes([s.get("wall_s") for s in seeds])])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     avgs = {role: [s["avg"] for s in measured[role].values() if s["avg"] is not None] for role in measured}
@@ -828,7 +849,7 @@ def list_lines(root: Path = ROOT, figures_path: Path | None = None) -> builtins.
             state = f"measured on an earlier {exp.script} ({got.get('commit', '?')})"
         else:
             state = f"measured ({got.get('commit', '?')})"
-        times = {role: minutes([r.get("wall_s") for r in arm["seeds"].values()])
+        times = {role: mean_minutes([r.get("wall_s") for r in arm["seeds"].values()])
                  for role, arm in (got or {}).get("arms", {}).items()}
         took = f"; a run: control {times['control']}, changed {times['changed']}" if len(times) == 2 else ""
         out.append(f"{exp.name:{w}s}  {exp.script:16s}  {exp.title}  [{state}{took}]")

@@ -988,10 +988,6 @@ def diff_html(patch: str) -> str:
     return '<pre class="diff"><code>' + "\n".join(out) + "</code></pre>"
 
 
-def minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-
-
 def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sha: str) -> str:
     """One experiment's block, folded to one line beside the code (what it changes and, once measured,
     its 7-task average against the control's): open, its question, the change, the command, what
@@ -1000,21 +996,17 @@ def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sh
 
     name = html.escape(exp.name)
     outcome = "not measured yet"
-    if measured is not None:
-        avg = {role: [s["avg"] for s in arm["seeds"].values() if s.get("avg") is not None]
-               for role, arm in measured.get("arms", {}).items()}
-        if avg.get("control") and avg.get("changed"):
-            outcome = (f"7-task avg {sum(avg['changed']) / len(avg['changed']):.2f} against "
-                       f"{sum(avg['control']) / len(avg['control']):.2f} unchanged")
+    means = tool.arm_means(measured) if measured is not None else {}
+    if "control" in means and "changed" in means:
+        outcome = f"7-task avg {means['changed']:.2f} against {means['control']:.2f} unchanged"
     parts = [f'<summary><span class="tag">Try it</span> <strong>{html.escape(exp.title)}</strong> '
              f'<span class="outcome">· {html.escape(outcome)}</span></summary>',
              f"<p>{inline_text(exp.question, page)}</p>"]
     patch = tool.patch_path(exp, root)
     if patch.is_file():
         text = patch.read_text(encoding="utf-8")
-        changed = sum(1 for line in text.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
         parts.append(f'<details class="change"><summary>The change: docs/experiments/{name}.patch '
-                     f"({changed} lines)</summary>{diff_html(text)}</details>")
+                     f"({tool.patch_size(text)} lines)</summary>{diff_html(text)}</details>")
     if exp.flags:
         parts.append(f"<p>The changed run adds <code>{html.escape(' '.join(exp.flags))}</code>.</p>")
     parts.append(f'<pre class="cmd"><code>{html.escape(tool.command(exp))}</code></pre>')
@@ -1200,7 +1192,7 @@ def syllabus(root: Path) -> str:
     groups: dict[str, list[str]] = {}
     for exp in tool.load_experiments(root):
         seconds = tool.laptop_seconds(figures[exp.name]) if exp.name in figures else None
-        took = f"{minutes(seconds)} on a laptop" if seconds else "not measured yet"
+        took = f"{tool.minutes(seconds)} on a laptop" if seconds else "not measured yet"
         stem = Path(exp.script).stem
         groups.setdefault(exp.script, []).append(
             f'<li><a href="{stem}.html#try-{html.escape(exp.name)}">{html.escape(exp.title)}</a> '
