@@ -6,9 +6,9 @@ The rules, and the function that keeps each:
    a kill or a signal leaves the old or the new, and what it left beside them is put back or removed at
    the next start (recover_dir).
 2. A file is written under a temporary name of this process's, synced, then renamed over (write_atomic):
-   torchrun's ranks may write one file at once. NOTE(ours): a kill -9 inside the write leaves its
-   temporary file (.NAME.PID.tmp), hidden and never read; an earlier version swept such files of dead
-   processes, for a kill that lands in a write's fraction of a second.
+   torchrun's ranks may write one file at once. A kill -9 inside the write leaves its temporary file
+   (.NAME.PID.tmp), hidden and never read: a run folder's go when it is next opened (RunFolder.open).
+   NOTE(ours): the token cache's folder keeps them; an earlier version swept dead processes' there.
 3. What is on the disk is on the disk (sync_to_disk): a full disk is told at the write, not later, and
    a crash cannot leave a checkpoint empty.
 """

@@ -77,11 +77,8 @@ def ran(path: str | Path) -> bytes:
 
 
 def changed(path: str | Path) -> bool:
-    """Whether the file on disk no longer holds the bytes that ran (edited, or gone, since)."""
-    try:
-        return Path(path).read_bytes() != ran(path)
-    except OSError:
-        return True
+    """Whether the file on disk no longer holds the bytes that ran (edited since)."""
+    return Path(path).read_bytes() != ran(path)
 
 
 def modules(script: str | Path) -> dict[str, Path]:

@@ -49,8 +49,7 @@ class WriteFailed(Exception):
 TORCH_IO = ("inline_container.cc", "iostream error")
 OS_ERROR = re.compile(r"\(os error (\d+)\)")
 REMEDY = {errno.ENOSPC: "free space", errno.EDQUOT: "free space, or a larger quota",  # to make possible again
-          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again",
-          errno.EIO: "a disk that works again: the system's log says what failed"}
+          errno.EFBIG: "a larger file size limit: ulimit -f", errno.EROFS: "the disk writable again"}
 
 
 def refused_write(e: BaseException) -> tuple[int | None, str] | None:

@@ -204,6 +204,8 @@ class RunFolder:
                 raise
             recover_dir(self.out / "best")
             recover_dir(self.out / "last")
+            for left in self.out.glob("**/.*.*.tmp"):   # a killed writer's (write_atomic): none runs now
+                left.unlink()
         self.record = self.record or {"code": self.code}
         barrier()
 

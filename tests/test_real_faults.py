@@ -422,15 +422,17 @@ os.replace = replace
 """
 
 
-def test_a_signal_between_the_two_renames_of_a_commit_leaves_the_new_checkpoint(tmp_path, argv):
+def test_a_signal_between_the_two_renames_of_a_commit_leaves_the_old_checkpoint(tmp_path, argv):
+    """SIGTERM between the renames that swap step 4's last/ in: the stop line; step 2's checkpoint
+    waits beside the folder (.last.old), and the --resume the line names puts it back and goes on."""
     out = tmp_path / "run"
     with Held(tmp_path / "held", "simcse.py", argv(out), at=0, before=TERM_BETWEEN_RENAMES) as run:
         r = run.end()
     _stop_line(r, 143)
-    assert torch.load(out / "last" / "state.pt", weights_only=True)["step"] == 4
-    assert not list(out.glob(".*")), "the old checkpoint, or the new one, left beside last/"
+    assert not (out / "last").exists()
+    assert torch.load(out / ".last.old" / "state.pt", weights_only=True)["step"] == 2
     r = _script("simcse.py", argv(out, "--resume"))
-    assert f"resuming {out} at step 4 " in r.stderr, r.stderr[-3000:]
+    assert f"resuming {out} at step 2 " in r.stderr, r.stderr[-3000:]
     _finished(r, out, 4)
 
 
