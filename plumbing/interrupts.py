@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]      # the repository
@@ -50,6 +51,8 @@ class Stopped(KeyboardInterrupt):
 
 
 def on_signal(signum: int, frame) -> None:
+    if frame is not None and frame.f_code.co_name == "__del__":   # raised there, Python would drop it:
+        return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()  # sent again once it is done
     raise KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 

@@ -401,8 +401,7 @@ class Stage(RunFolder):
         """Its summary if complete (DONE.json), or None."""
         if not (self.out / DONE).is_file():
             return None
-        summary = read_record(self.out / DONE, f"Delete {self.out} to train this model again (the run's "
-                                               f"other parts are kept), or use another --output_dir.")
+        summary = read_record(self.out / DONE)
         checkpoint.drop_last(self)      # if a kill came between DONE.json and last/'s drop
         return summary
 

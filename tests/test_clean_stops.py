@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,26 @@ def test_a_script_the_suite_starts_meets_ctrl_c_and_a_hangup_as_from_a_terminal(
              "signal.getsignal(signal.SIGHUP) == signal.SIG_DFL)")
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert shown.stdout.split() == ["True", "True"]
+
+
+def test_a_signal_that_lands_inside_a_finalizer_still_stops_the_command(tmp_path):
+    """Python drops an exception raised in a __del__ ("Exception ignored in ..."): a SIGTERM handled
+    while one runs (a progress bar's, as a run ends) would be lost. It is sent again once the
+    finalizer is done, and stops the command as any other."""
+    code = ("import os, signal, sys, time\n"
+            f"sys.path.insert(0, {str(Path(common.__file__).parent)!r})\n"
+            "from plumbing import interrupts\n"
+            "signal.signal(signal.SIGTERM, interrupts.on_signal)\n"
+            "class Bar:\n"
+            "    def __del__(self):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        sum(range(1000))\n"
+            "Bar()\n"
+            "try:\n"
+            "    time.sleep(10)\n"
+            "    print('not stopped')\n"
+            "except interrupts.Stopped as e:\n"
+            "    print('stopped', e.signum)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["stopped", str(int(signal.SIGTERM))], (r.stdout, r.stderr)
+    assert "Exception ignored" not in r.stderr, r.stderr

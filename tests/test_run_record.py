@@ -447,8 +447,8 @@ def _rcl_argv(out: Path, tiny_bert: Path, data: Path, sts: Path, *extra: str) ->
 @pytest.mark.parametrize("part", ["DONE.json"])
 def test_a_damaged_part_of_a_finished_entropy_model_is_named_in_one_line(tmp_path, tiny_bert, data, small_sts,
                                                                          rcl_finished, capsys, part):
-    """rcl.py's --resume reuses a finished entropy model: its summary and the weights that
-    regulate the final model, cut short, are named with what to delete to train it again."""
+    """rcl.py's --resume reuses a finished entropy model: its summary, cut short, is named in one
+    line with what to do, and nothing changes."""
     out = _copy(rcl_finished, tmp_path)
     stage = out / "entropy_phi0.01"
     _cut(stage / part)
@@ -456,7 +456,7 @@ def test_a_damaged_part_of_a_finished_entropy_model_is_named_in_one_line(tmp_pat
     code, err = _run(_rcl_argv(out, tiny_bert, data, small_sts, "--resume"), capsys, rcl.main)
     assert code == 2, err[-3000:]
     message = _one_line_error(err)
-    assert f"{stage / part}" in message and f"Delete {stage} to train this model again" in message, message
+    assert f"{stage / part}: cut short or damaged (" in message and "another --output_dir" in message, message
     assert _tree(out) == before
 
 
