@@ -315,7 +315,7 @@ class WebDriver:
             self.port = s.getsockname()[1]
         self.process = subprocess.Popen([str(CHROMEDRIVER), f"--port={self.port}"], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
-        for _ in range(200):
+        for _ in range(1200):           # a cold start on a loaded machine took over 10 s once
             try:
                 self.call("GET", "/status")
                 break
