@@ -147,10 +147,10 @@ def cut_log(run: RunFolder, size: int) -> None:
         os.ftruncate(f.fileno(), f.read().rfind(b"\n", 0, size) + 1)
 
 
-def damaged(run: RunFolder, e: Exception | str) -> str:
+def damaged(run: RunFolder, e: Exception) -> str:
     """Rule 2's line for a last/state.pt that is not this run's checkpoint (`e`: why)."""
     last = run.out / "last" / "state.pt"
-    reason = e if isinstance(e, str) else (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
     return (f"{last}: not a checkpoint of this run ({reason}). Still good, and left as they are: "
             f"{run.out / 'best'} (its dev_metrics.json names its step) and {run.log}. This run cannot "
             f"continue from it: train it again in another --output_dir (or move {run.out} away first).")
