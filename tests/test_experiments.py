@@ -250,6 +250,7 @@ def test_the_table_gives_the_seed_spread_and_first_to_last(tmp_path):
 
 
 def test_the_spread_line_says_within_or_outside():
+    assert "changed minus control +0.00 (difference" in ex.spread_line([75.57, 75.58], [75.566, 75.58])
     assert ex.spread_line([75.0, 75.2], [75.1, 75.4]).endswith(
         "+0.15 (difference of the means): within the seed spread, the two arms' seeds overlap "
         "(control 75.00 to 75.20, changed 75.10 to 75.40).")

@@ -685,7 +685,7 @@ def mean_minutes(seconds: builtins.list[float | None]) -> str:
 def spread_line(control: builtins.list[float], changed: builtins.list[float]) -> str:
     """Whether the 7-task difference is within the seed spread (the two arms' seeds overlap), and the
     difference of the means (changed minus control)."""
-    diff = statistics.fmean(changed) - statistics.fmean(control)
+    diff = round(statistics.fmean(changed) - statistics.fmean(control), 2) + 0.0   # + 0.0: no "-0.00"
     head = f"7-task average: changed minus control {diff:+.2f} (difference of the means)"
     if min(len(control), len(changed)) < 2:
         return f"{head}; one seed an arm, so no seed spread to judge it against: run two or more seeds."
