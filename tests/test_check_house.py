@@ -134,7 +134,8 @@ def test_an_experiment_measured_on_an_earlier_script_is_named(house):
                         "change": {"patch": (experiment.sha256(experiment.patch_path(e, house).read_bytes())
                                              if experiment.patch_path(e, house).is_file() else None),
                                    "flags": e.flags, "settings": e.settings},
-                        "table": "| a |\n|---|\n| 1 |\n"}
+                        "arms": {role: {"seeds": {"1": {"avg": 75.0, "stsb_dev": 80.0, "wall_s": 60.0,
+                                                        "figures": {}}}} for role in ("control", "changed")}}
                for e in exps}
     experiment.write_json(house / "docs" / "experiments" / "figures.json", figures)
     for path, text in experiment.method_pages(house).items():

@@ -724,6 +724,11 @@ def table(exp: Experiment, measured: dict[str, dict[int, dict]], root: Path = RO
             + note + "\n")
 
 
+def recorded_table(exp: Experiment, got: dict, root: Path = ROOT) -> str:
+    """table() of an experiment as figures.json recorded it (`got`: its entry), from its arms' figures."""
+    return table(exp, {role: arm["seeds"] for role, arm in got["arms"].items()}, root)
+
+
 def plot(exp: Experiment, measured: dict[str, dict[int, dict]], path: Path) -> None:
     """One panel per figure, x the step: one colour an arm, one line a seed (and a stage, for a glob)."""
     import matplotlib
@@ -780,7 +785,8 @@ def run_experiment(exp: Experiment, testbed: Testbed, seeds: builtins.list[int],
 
 def entry(exp: Experiment, measured: dict, testbed: Testbed, root: Path = ROOT) -> dict:
     """What --record keeps of an experiment: the code measured (the committed script's sha256 and the
-    commit), its change, the command, the testbed, the seeds, per arm and seed the figures, the table."""
+    commit), its change, the command, the testbed, the seeds, per arm and seed the figures (its table is
+    made from them: recorded_table)."""
     patch = patch_path(exp, root)
     arms_ = {role: {"label": arm_label(exp, role, root),
                     "seeds": {str(seed): {"run": shown(r["run"], root), "avg": r["avg"],
@@ -792,7 +798,7 @@ def entry(exp: Experiment, measured: dict, testbed: Testbed, root: Path = ROOT) 
             "change": {"patch": sha256(patch.read_bytes()) if patch.is_file() else None,
                        "flags": exp.flags, "settings": exp.settings},
             "command": command(exp), "testbed": testbed.flags(exp.script), "seeds": list(next(iter(
-                measured.values()))), "arms": arms_, "table": table(exp, measured, root),
+                measured.values()))), "arms": arms_,
             "date": datetime.date.today().isoformat()}
 
 
@@ -900,7 +906,8 @@ def docs_section(script: str, root: Path = ROOT, figures: dict | None = None) ->
         if got.get("code", {}).get(script) != sha:
             out += [f"Measured on an earlier `{script}` (commit {got.get('commit', '?')}): the command above "
                     "measures it again.", ""]
-        out += [f"Measured at commit {got.get('commit', '?')}:", "", got["table"].strip(), ""]
+        out += [f"Measured at commit {got.get('commit', '?')}:", "", recorded_table(exp, got, root).strip(),
+                ""]
         if (root / HERE / f"{exp.name}.png").is_file():
             out += [f"![{exp.title}: its figures step by step, both arms, both seeds](experiments/"
                     f"{exp.name}.png)", ""]

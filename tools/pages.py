@@ -1023,7 +1023,7 @@ def try_html(tool, exp, root: Path, page: Page, measured: dict | None, script_sh
             parts.append(f"<p>Measured on an earlier {html.escape(exp.script)} (commit {when}); its figures "
                          f"may no longer hold: the command above measures it again.</p>")
         md = MarkdownIt("commonmark", {"html": False}).enable("table")
-        parts.append(f'<div class="measured">{md.render(measured["table"])}</div>')
+        parts.append(f'<div class="measured">{md.render(tool.recorded_table(exp, measured, root))}</div>')
         if (root / "docs" / "experiments" / f"{exp.name}.png").is_file():
             parts.append(f'<p>The curves, both arms, both seeds: <a href="../experiments/{name}.png">'
                          f"docs/experiments/{name}.png</a></p>")
